@@ -1,0 +1,143 @@
+//! The `ladder` command: parse the command line, set up logging, call the library, and map
+//! the outcome to an exit code.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use ladder::config::{self, Config};
+use ladder::service::{self, ApplyError, Health};
+use ladder::topology;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+/// Invalid config or usage (sysexits EX_USAGE): nothing touched the broker.
+const EXIT_CONFIG: u8 = 64;
+/// The broker could not be reached (EX_UNAVAILABLE).
+const EXIT_UNAVAILABLE: u8 = 69;
+/// The broker holds objects that contradict the config (EX_CONFIG).
+const EXIT_CONFLICT: u8 = 78;
+
+#[derive(Parser)]
+#[command(name = "ladder", version, about = "Delayed retries with stepped backoff and a parking lot for RabbitMQ")]
+struct Cli {
+    /// The service config file; ladder files are read from its `ladders_dir`.
+    #[arg(long, short, global = true, default_value = "ladder.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Declare the topology, then serve until SIGTERM/SIGINT.
+    Run,
+    /// Validate the config and the ladders; exit 64 on the first problem.
+    Check,
+    /// Print every exchange, queue, binding and argument that would be declared.
+    Plan,
+    /// Declare the topology and exit.
+    Apply,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let config = match config::load(&cli.config, &env) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("ladder: invalid config: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match cli.command {
+        Command::Check => {
+            println!("{}: ok ({} ladders)", config.file.display(), config.ladders.len());
+            for ladder in &config.ladders {
+                let tiers: Vec<_> = ladder.tiers.iter().map(|t| t.name.as_str()).collect();
+                println!(
+                    "  {}: tiers [{}], max_attempts {}, {} {}",
+                    ladder.name,
+                    tiers.join(", "),
+                    ladder.max_attempts,
+                    ladder.queue_type.as_str(),
+                    ladder.dead_letter_strategy.as_str()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Plan => {
+            for declaration in topology::plan(&config) {
+                println!("{declaration}");
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Apply => runtime().block_on(apply(&config)),
+        Command::Run => runtime().block_on(run(config)),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the tokio runtime starts")
+}
+
+async fn apply(config: &Config) -> ExitCode {
+    match service::apply(config).await {
+        Ok(()) => {
+            info!(declarations = topology::plan(config).len(), "topology declared");
+            ExitCode::SUCCESS
+        }
+        Err(ApplyError::Connect(e)) => {
+            error!(url = %config.amqp.url, error = %e, "cannot reach the broker");
+            ExitCode::from(EXIT_UNAVAILABLE)
+        }
+        Err(ApplyError::Topology(e)) => {
+            error!(error = %e, "cannot declare the topology");
+            ExitCode::from(EXIT_CONFLICT)
+        }
+    }
+}
+
+async fn run(config: Config) -> ExitCode {
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
+    info!(config = %config.file.display(), namespace = %config.namespace, ladders = config.ladders.len(), "starting");
+    let result = service::run(Arc::new(config), Arc::new(Health::default()), shutdown).await;
+    signals.abort();
+    match result {
+        Ok(()) => {
+            info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!(error = %e, "stopped");
+            ExitCode::from(EXIT_CONFLICT)
+        }
+    }
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn wait_for_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        error!("cannot listen for signals; stop the service with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: draining"),
+        _ = int.recv() => info!("SIGINT: draining"),
+    }
+    shutdown.cancel();
+}

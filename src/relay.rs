@@ -1,0 +1,315 @@
+//! The two consume loops of a ladder — intake and due — and the parking of what they cannot
+//! forward.
+//!
+//! Each loop owns one channel in confirm mode: it takes up to `prefetch` deliveries, decides
+//! each one with [`crate::protocol`], publishes the replacement and acks the delivery only once
+//! the broker confirmed that publish. Many publishes are in flight at once (the prefetch bounds
+//! them); nothing waits for one confirm before sending the next. A broker error ends the loop,
+//! and the supervisor reconnects: unacked deliveries go back to their queue, so the worst case
+//! is a duplicate, never a loss.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use lapin::message::Delivery;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::config::Limits;
+use crate::envelope::{Envelope, FORMAT, OriginalMessage};
+use crate::ladder::LadderSpec;
+use crate::protocol::{Decision, Forward, HopContext, Park, ParkReason, long_string};
+use crate::topology::Names;
+
+/// A park that the broker refused (the stream is missing or full) is retried after this long,
+/// by requeueing the delivery; the pause keeps a persistent fault from spinning the CPU.
+const PARK_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// A publish the broker nacked is retried (by requeueing the delivery) after this long.
+const NACK_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+/// Which queue a loop consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    /// `N.L.intake`: failures coming in.
+    Intake,
+    /// `N.L.due`: messages whose wait is over.
+    Due,
+}
+
+impl fmt::Display for Hop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hop::Intake => "intake",
+            Hop::Due => "due",
+        })
+    }
+}
+
+/// A ladder with everything its loops need, shared by both loops.
+#[derive(Debug)]
+pub struct LadderRuntime {
+    /// The ladder.
+    pub spec: LadderSpec,
+    /// Its names.
+    pub names: Names,
+    /// Bounds.
+    pub limits: Limits,
+}
+
+impl LadderRuntime {
+    fn context(&self) -> HopContext<'_> {
+        HopContext { spec: &self.spec, names: &self.names, limits: &self.limits }
+    }
+}
+
+/// Why a loop stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The channel or connection failed.
+    #[error("{hop} loop of ladder {ladder}: {source}")]
+    Broker {
+        /// Which loop.
+        hop: Hop,
+        /// Which ladder.
+        ladder: String,
+        /// The client's error.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The broker cancelled the consumer (its queue was deleted).
+    #[error("{hop} loop of ladder {ladder}: the broker cancelled the consumer")]
+    Cancelled {
+        /// Which loop.
+        hop: Hop,
+        /// Which ladder.
+        ladder: String,
+    },
+}
+
+/// What a loop left behind when it stopped for shutdown.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Deliveries still unsettled when the grace period ran out; the broker redelivers them.
+    pub abandoned: usize,
+}
+
+/// Consumes `hop` of `ladder` until `shutdown`, then drains in-flight work for up to `grace`.
+pub async fn serve(
+    hop: Hop,
+    ladder: Arc<LadderRuntime>,
+    connection: &Connection,
+    shutdown: CancellationToken,
+    grace: Duration,
+) -> Result<Drained, RelayError> {
+    let broker = |source| RelayError::Broker { hop, ladder: ladder.spec.name.clone(), source };
+    let channel = connection.create_channel().await.map_err(broker)?;
+    channel
+        .basic_qos(ladder.limits.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(broker)?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(broker)?;
+    let queue = match hop {
+        Hop::Intake => ladder.names.intake_queue.as_str(),
+        Hop::Due => ladder.names.due.as_str(),
+    };
+    let mut consumer = channel
+        .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .map_err(broker)?;
+    info!(queue, "consuming");
+
+    let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(settled) = in_flight.next() => { let settled: lapin::Result<()> = settled; settled.map_err(broker)? }
+            () = shutdown.cancelled() => break,
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => in_flight.push(handle(hop, ladder.clone(), channel.clone(), delivery)),
+                Some(Err(source)) => return Err(broker(source)),
+                None => return Err(RelayError::Cancelled { hop, ladder: ladder.spec.name.clone() }),
+            },
+        }
+    }
+
+    // Stop taking work, then finish what is in flight within the grace period.
+    let _ = channel.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await;
+    let finish = async {
+        while let Some(settled) = in_flight.next().await {
+            settled?;
+        }
+        Ok::<(), lapin::Error>(())
+    };
+    let drained = match tokio::time::timeout(grace, finish).await {
+        Ok(Ok(())) => Drained::default(),
+        Ok(Err(source)) => return Err(broker(source)),
+        Err(_) => Drained { abandoned: in_flight.len() },
+    };
+    // Closing the channel hands anything unsettled back to the queue.
+    let _ = channel.close(200, "shutdown".into()).await;
+    Ok(drained)
+}
+
+/// How a delivery is settled once its replacement is (or is not) safely with the broker.
+enum Settle {
+    Ack,
+    RequeueAfter(Duration),
+}
+
+async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery: Delivery) -> lapin::Result<()> {
+    let now = now_ms();
+    let decision = match hop {
+        Hop::Intake => ladder.context().intake(&delivery.properties, now),
+        Hop::Due => ladder.context().due(&delivery.properties, now),
+    };
+    let settle = match decision {
+        Decision::Forward(forward) => forward_one(hop, &ladder, &channel, &delivery, *forward).await?,
+        Decision::Park(park) => park_one(hop, &ladder, &channel, &delivery, park).await?,
+    };
+    match settle {
+        Settle::Ack => {
+            delivery.acker.ack(Default::default()).await?;
+        }
+        Settle::RequeueAfter(pause) => {
+            tokio::time::sleep(pause).await;
+            delivery.acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn forward_one(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    channel: &Channel,
+    delivery: &Delivery,
+    forward: Forward,
+) -> lapin::Result<Settle> {
+    let confirmation = channel
+        .basic_publish(
+            forward.exchange.as_str().into(),
+            forward.routing_key.as_str().into(),
+            BasicPublishOptions { mandatory: true, immediate: false },
+            &delivery.data,
+            forward.properties,
+        )
+        .await?
+        .await?;
+    match confirmation {
+        Confirmation::Ack(None) => {
+            debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                   routing_key = %forward.routing_key, late_ms = forward.late_ms, "forwarded");
+            Ok(Settle::Ack)
+        }
+        Confirmation::Ack(Some(returned)) => {
+            let detail = format!(
+                "the broker returned the publish to exchange {:?} with routing key {:?}: {} {}",
+                forward.exchange,
+                forward.routing_key,
+                returned.reply_code,
+                returned.reply_text
+            );
+            let attempts = match hop {
+                Hop::Intake => forward.attempt.saturating_sub(1),
+                Hop::Due => forward.attempt,
+            };
+            let park = Park {
+                reason: ParkReason::NoRoute,
+                detail,
+                destination: Some(forward.destination),
+                attempts: Some(attempts),
+                first_failed_at_ms: None,
+            };
+            park_one(hop, ladder, channel, delivery, park).await
+        }
+        Confirmation::Nack(_) | Confirmation::NotRequested => {
+            warn!(ladder = %ladder.spec.name, %hop, "broker refused a publish; the delivery will be requeued");
+            Ok(Settle::RequeueAfter(NACK_RETRY_DELAY))
+        }
+    }
+}
+
+async fn park_one(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    channel: &Channel,
+    delivery: &Delivery,
+    park: Park,
+) -> lapin::Result<Settle> {
+    let envelope = Envelope {
+        format: FORMAT.to_string(),
+        reason: park.reason.code().to_string(),
+        detail: park.detail,
+        ladder: ladder.spec.name.clone(),
+        destination: park.destination,
+        attempts: park.attempts,
+        first_failed_at_ms: park.first_failed_at_ms,
+        parked_at_ms: now_ms(),
+        hop: hop.to_string(),
+        message: OriginalMessage::capture(
+            delivery.exchange.as_str(),
+            delivery.routing_key.as_str(),
+            &delivery.properties,
+            &delivery.data,
+        ),
+    };
+    let body = serde_json::to_vec(&envelope).expect("an envelope of JSON values always serializes");
+    let mut headers = FieldTable::default();
+    // Plain strings only: streams on 3.10 keep these, and they let tools filter without decoding.
+    headers.insert("parked-reason".into(), long_string(&envelope.reason));
+    headers.insert("parked-ladder".into(), long_string(&envelope.ladder));
+    if let Some(destination) = &envelope.destination {
+        headers.insert("parked-destination".into(), long_string(destination));
+    }
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_type(FORMAT.into())
+        .with_headers(headers);
+    if let Some(id) = delivery.properties.message_id() {
+        properties = properties.with_message_id(id.clone());
+    }
+    let confirmation = channel
+        .basic_publish(
+            "".into(),
+            ladder.names.parked.as_str().into(),
+            BasicPublishOptions { mandatory: true, immediate: false },
+            &body,
+            properties,
+        )
+        .await?
+        .await?;
+    if let Confirmation::Ack(None) = confirmation {
+        warn!(
+            ladder = %envelope.ladder,
+            %hop,
+            reason = %envelope.reason,
+            destination = envelope.destination.as_deref().unwrap_or("-"),
+            attempts = envelope.attempts.unwrap_or(0),
+            detail = %envelope.detail,
+            "parked message"
+        );
+        return Ok(Settle::Ack);
+    }
+    error!(
+        ladder = %envelope.ladder,
+        parked = %ladder.names.parked,
+        reason = %envelope.reason,
+        "the parking lot refused a message; it stays in its queue and is retried"
+    );
+    Ok(Settle::RequeueAfter(PARK_RETRY_DELAY))
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
