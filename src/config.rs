@@ -212,8 +212,8 @@ fn read_ladders(dir: &Path) -> Result<Vec<(String, PathBuf, RawLadder)>, ConfigE
         .map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, "-", format!("cannot read: {e}")))?;
-            let raw: RawLadder = toml::from_str(&text)
-                .map_err(|e| ConfigError::new(&path, "-", e.message().to_string()))?;
+            let raw: RawLadder =
+                toml::from_str(&text).map_err(|e| ConfigError::new(&path, "-", e.message().to_string()))?;
             let name = path
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -310,12 +310,7 @@ fn check_namespace(namespace: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn validate_ladder(
-    namespace: &str,
-    name: String,
-    file: &Path,
-    raw: RawLadder,
-) -> Result<LadderSpec, ConfigError> {
+fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -> Result<LadderSpec, ConfigError> {
     let err = |key: &str, problem: String| ConfigError::new(file, key, problem);
     let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
     if name.is_empty() || !name.chars().all(name_ok) {
@@ -330,10 +325,13 @@ fn validate_ladder(
     for (i, step) in raw.backoff.iter().enumerate() {
         let step: &Duration = step;
         let ms = step.as_millis();
-        if ms == 0 || step.subsec_nanos() % 1_000_000 != 0 || ms > MAX_TIER_MS {
+        if ms == 0 || !step.subsec_nanos().is_multiple_of(1_000_000) || ms > MAX_TIER_MS {
             return Err(err(
                 &format!("backoff[{i}]"),
-                format!("{} must be a whole number of milliseconds between 1ms and 49d", humantime::format_duration(*step)),
+                format!(
+                    "{} must be a whole number of milliseconds between 1ms and 49d",
+                    humantime::format_duration(*step)
+                ),
             ));
         }
     }
@@ -342,7 +340,10 @@ fn validate_ladder(
         return Err(err("max_attempts", "must be at least 1".into()));
     }
     let allow = raw.allow.ok_or_else(|| {
-        err("allow", "is required: list the destination queues (regexes) this ladder may deliver to".into())
+        err(
+            "allow",
+            "is required: list the destination queues (regexes) this ladder may deliver to".into(),
+        )
     })?;
     let allow = RegexSet::new(&allow).map_err(|e| err("allow", format!("invalid regex: {e}")))?;
     let queue_type = match raw.queue_type.as_deref().unwrap_or("quorum") {
@@ -433,7 +434,10 @@ mod tests {
 
     #[test]
     fn environment_overrides_nested_keys() {
-        let f = Fixture::new("namespace = \"a\"\n[amqp]\nurl = \"amqp://u:p@h:1/v\"\n", &[("default", GOOD_LADDER)]);
+        let f = Fixture::new(
+            "namespace = \"a\"\n[amqp]\nurl = \"amqp://u:p@h:1/v\"\n",
+            &[("default", GOOD_LADDER)],
+        );
         let c = f
             .load(&[
                 ("LADDER_NAMESPACE", "b"),
@@ -484,7 +488,11 @@ mod tests {
             ("max_header_bytes = 1000000", GOOD_LADDER, "max_header_bytes"),
             ("max_reason_bytes = 1", GOOD_LADDER, "max_reason_bytes"),
             ("[amqp]\nurl = \"http://x\"", GOOD_LADDER, "amqp.url"),
-            ("[amqp]\nreconnect_min = \"1m\"\nreconnect_max = \"1s\"", GOOD_LADDER, "amqp.reconnect_min"),
+            (
+                "[amqp]\nreconnect_min = \"1m\"\nreconnect_max = \"1s\"",
+                GOOD_LADDER,
+                "amqp.reconnect_min",
+            ),
             ("", "backoff = []\nallow = []", "backoff"),
             ("", "backoff = [\"0s\"]\nallow = []", "backoff[0]"),
             ("", "backoff = [\"1s\", \"1500us\"]\nallow = []", "backoff[1]"),
@@ -492,8 +500,16 @@ mod tests {
             ("", "backoff = [\"1s\"]\nmax_attempts = 0\nallow = []", "max_attempts"),
             ("", "backoff = [\"1s\"]", "allow"),
             ("", "backoff = [\"1s\"]\nallow = [\"(\"]", "allow"),
-            ("", "backoff = [\"1s\"]\nallow = []\nqueue_type = \"lazy\"", "queue_type"),
-            ("", "backoff = [\"1s\"]\nallow = []\ndead_letter_strategy = \"twice\"", "dead_letter_strategy"),
+            (
+                "",
+                "backoff = [\"1s\"]\nallow = []\nqueue_type = \"lazy\"",
+                "queue_type",
+            ),
+            (
+                "",
+                "backoff = [\"1s\"]\nallow = []\ndead_letter_strategy = \"twice\"",
+                "dead_letter_strategy",
+            ),
             (
                 "",
                 "backoff = [\"1s\"]\nallow = []\nqueue_type = \"classic\"\ndead_letter_strategy = \"at-least-once\"",

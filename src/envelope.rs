@@ -181,7 +181,12 @@ fn small_uint(v: &Value, key: &str) -> Result<u8, EnvelopeError> {
 
 /// A header table as a JSON object of typed values.
 pub fn table_to_json(table: &FieldTable) -> Value {
-    Value::Object(table.into_iter().map(|(k, v)| (k.to_string(), value_to_json(v))).collect())
+    Value::Object(
+        table
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), value_to_json(v)))
+            .collect(),
+    )
 }
 
 /// The inverse of [`table_to_json`].
@@ -219,7 +224,10 @@ pub fn value_to_json(value: &AMQPValue) -> Value {
             Ok(text) => typed("long-string", json!(text)),
             Err(_) => json!({ "type": "long-string", "base64": B64.encode(s.as_bytes()) }),
         },
-        AMQPValue::FieldArray(a) => typed("field-array", Value::Array(a.as_slice().iter().map(value_to_json).collect())),
+        AMQPValue::FieldArray(a) => typed(
+            "field-array",
+            Value::Array(a.as_slice().iter().map(value_to_json).collect()),
+        ),
         AMQPValue::Timestamp(t) => typed("timestamp", json!(t)),
         AMQPValue::FieldTable(t) => typed("field-table", table_to_json(t)),
         AMQPValue::ByteArray(b) => json!({ "type": "byte-array", "base64": B64.encode(b.as_slice()) }),
@@ -242,14 +250,22 @@ fn float_from_json(v: &Value) -> Result<f64, EnvelopeError> {
         Value::String(s) if s == "NaN" => Ok(f64::NAN),
         Value::String(s) if s == "inf" => Ok(f64::INFINITY),
         Value::String(s) if s == "-inf" => Ok(f64::NEG_INFINITY),
-        other => other.as_f64().ok_or_else(|| err("a float must be a number, \"NaN\", \"inf\" or \"-inf\"")),
+        other => other
+            .as_f64()
+            .ok_or_else(|| err("a float must be a number, \"NaN\", \"inf\" or \"-inf\"")),
     }
 }
 
 /// The inverse of [`value_to_json`].
 pub fn value_from_json(v: &Value) -> Result<AMQPValue, EnvelopeError> {
-    let type_name = v.get("type").and_then(Value::as_str).ok_or_else(|| err("a value needs a \"type\""))?;
-    let value = || v.get("value").ok_or_else(|| err(format!("{type_name} needs a \"value\"")));
+    let type_name = v
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| err("a value needs a \"type\""))?;
+    let value = || {
+        v.get("value")
+            .ok_or_else(|| err(format!("{type_name} needs a \"value\"")))
+    };
     let int = |lo: i64, hi: i64| -> Result<i64, EnvelopeError> {
         value()?
             .as_i64()
@@ -257,7 +273,10 @@ pub fn value_from_json(v: &Value) -> Result<AMQPValue, EnvelopeError> {
             .ok_or_else(|| err(format!("{type_name} out of range")))
     };
     let bytes = || -> Result<Vec<u8>, EnvelopeError> {
-        let text = v.get("base64").and_then(Value::as_str).ok_or_else(|| err("missing base64"))?;
+        let text = v
+            .get("base64")
+            .and_then(Value::as_str)
+            .ok_or_else(|| err("missing base64"))?;
         B64.decode(text).map_err(|e| err(format!("{type_name}: {e}")))
     };
     Ok(match type_name {
@@ -273,8 +292,14 @@ pub fn value_from_json(v: &Value) -> Result<AMQPValue, EnvelopeError> {
         "double" => AMQPValue::Double(float_from_json(value()?)?),
         "decimal" => {
             let d = value()?;
-            let scale = d.get("scale").and_then(Value::as_u64).and_then(|n| u8::try_from(n).ok());
-            let number = d.get("value").and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+            let scale = d
+                .get("scale")
+                .and_then(Value::as_u64)
+                .and_then(|n| u8::try_from(n).ok());
+            let number = d
+                .get("value")
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok());
             match (scale, number) {
                 (Some(scale), Some(value)) => AMQPValue::DecimalValue(DecimalValue { scale, value }),
                 _ => return Err(err("decimal needs scale (u8) and value (u32)")),
@@ -293,7 +318,11 @@ pub fn value_from_json(v: &Value) -> Result<AMQPValue, EnvelopeError> {
             let items = items.iter().map(value_from_json).collect::<Result<Vec<_>, _>>()?;
             AMQPValue::FieldArray(FieldArray::from(items))
         }
-        "timestamp" => AMQPValue::Timestamp(value()?.as_u64().ok_or_else(|| err("timestamp must be an unsigned integer"))?),
+        "timestamp" => AMQPValue::Timestamp(
+            value()?
+                .as_u64()
+                .ok_or_else(|| err("timestamp must be an unsigned integer"))?,
+        ),
         "field-table" => AMQPValue::FieldTable(table_from_json(value()?)?),
         "byte-array" => AMQPValue::ByteArray(ByteArray::from(bytes()?)),
         "void" => AMQPValue::Void,
@@ -308,10 +337,13 @@ mod tests {
     /// Every AMQP type, nested, with edge values.
     pub(crate) fn every_type() -> FieldTable {
         let mut inner = FieldTable::default();
-        inner.insert("deep".into(), AMQPValue::FieldArray(FieldArray::from(vec![
-            AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 12345 }),
-            AMQPValue::Void,
-        ])));
+        inner.insert(
+            "deep".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![
+                AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 12345 }),
+                AMQPValue::Void,
+            ])),
+        );
         let mut t = FieldTable::default();
         let entries = [
             ("bool", AMQPValue::Boolean(true)),
@@ -325,11 +357,23 @@ mod tests {
             ("f32", AMQPValue::Float(0.1)),
             ("f64", AMQPValue::Double(-1.0e300)),
             ("inf", AMQPValue::Double(f64::NEG_INFINITY)),
-            ("decimal", AMQPValue::DecimalValue(DecimalValue { scale: 3, value: 4_000_000_000 })),
+            (
+                "decimal",
+                AMQPValue::DecimalValue(DecimalValue {
+                    scale: 3,
+                    value: 4_000_000_000,
+                }),
+            ),
             ("short", AMQPValue::ShortString("short".into())),
             ("long", AMQPValue::LongString("päck".into())),
             ("binary-long", AMQPValue::LongString(vec![0u8, 0xff, 0x80].into())),
-            ("array", AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongInt(1), AMQPValue::FieldTable(inner.clone())]))),
+            (
+                "array",
+                AMQPValue::FieldArray(FieldArray::from(vec![
+                    AMQPValue::LongInt(1),
+                    AMQPValue::FieldTable(inner.clone()),
+                ])),
+            ),
             ("timestamp", AMQPValue::Timestamp(1_700_000_000)),
             ("table", AMQPValue::FieldTable(inner)),
             ("bytes", AMQPValue::ByteArray(vec![1u8, 2, 3, 0].into())),

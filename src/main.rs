@@ -21,7 +21,11 @@ const EXIT_UNAVAILABLE: u8 = 69;
 const EXIT_CONFLICT: u8 = 78;
 
 #[derive(Parser)]
-#[command(name = "ladder", version, about = "Delayed retries with stepped backoff and a parking lot for RabbitMQ")]
+#[command(
+    name = "ladder",
+    version,
+    about = "Delayed retries with stepped backoff and a parking lot for RabbitMQ"
+)]
 struct Cli {
     /// The service config file; ladder files are read from its `ladders_dir`.
     #[arg(long, short, global = true, default_value = "ladder.toml")]
@@ -45,9 +49,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
 

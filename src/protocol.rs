@@ -170,7 +170,11 @@ impl HopContext<'_> {
             Some(value) => match as_text(value) {
                 Some(name) if !name.is_empty() && name.len() <= 255 => name.to_string(),
                 _ => {
-                    let problem = format!("{} must be a queue name string, got {}", header::RETRY_TO, describe(value));
+                    let problem = format!(
+                        "{} must be a queue name string, got {}",
+                        header::RETRY_TO,
+                        describe(value)
+                    );
                     return park(ParkReason::InvalidHeader, problem, None);
                 }
             },
@@ -252,7 +256,13 @@ impl HopContext<'_> {
         let attempts = optional_u64(h, header::RETRY_ATTEMPT).ok().flatten();
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
-            Decision::Park(Park { reason, detail, destination, attempts, first_failed_at_ms: first_failed_at })
+            Decision::Park(Park {
+                reason,
+                detail,
+                destination,
+                attempts,
+                first_failed_at_ms: first_failed_at,
+            })
         };
         let destination = match h.get(header::RETRY_TO).and_then(as_text) {
             Some(name) if !name.is_empty() && name.len() <= 255 => name.to_string(),
@@ -283,7 +293,10 @@ impl HopContext<'_> {
             ),
             Ok(size) if size > self.limits.max_header_bytes => (
                 ParkReason::HeaderTooLarge,
-                format!("headers take {size} bytes, above max_header_bytes = {}", self.limits.max_header_bytes),
+                format!(
+                    "headers take {size} bytes, above max_header_bytes = {}",
+                    self.limits.max_header_bytes
+                ),
             ),
             Ok(_) => return None,
         };
@@ -301,8 +314,7 @@ impl HopContext<'_> {
         if queue.starts_with(&self.names.prefix) || queue.starts_with("amq.") {
             return Some(format!("{queue:?} belongs to the ladder's namespace or the broker"));
         }
-        (!self.spec.allows(queue))
-            .then(|| format!("{queue:?} is not in the allow-list of ladder {}", self.spec.name))
+        (!self.spec.allows(queue)).then(|| format!("{queue:?} is not in the allow-list of ladder {}", self.spec.name))
     }
 }
 
@@ -416,7 +428,13 @@ pub fn parse_delay(value: &AMQPValue) -> Result<Duration, String> {
     if let Some(ms) = as_u64(value) {
         return Ok(Duration::from_millis(ms));
     }
-    let bad = || format!("{} must be integer milliseconds or a duration like \"30s\", got {}", header::RETRY_DELAY, describe(value));
+    let bad = || {
+        format!(
+            "{} must be integer milliseconds or a duration like \"30s\", got {}",
+            header::RETRY_DELAY,
+            describe(value)
+        )
+    };
     let text = as_text(value).ok_or_else(bad)?.trim();
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(Duration::from_millis(ms));
@@ -446,7 +464,10 @@ fn describe(value: &AMQPValue) -> String {
             None => format!("{type_name} (not UTF-8)"),
         },
         AMQPValue::FieldTable(_) | AMQPValue::FieldArray(_) | AMQPValue::Void => type_name,
-        other => format!("{type_name} {}", format!("{other:?}").chars().take(64).collect::<String>()),
+        other => format!(
+            "{type_name} {}",
+            format!("{other:?}").chars().take(64).collect::<String>()
+        ),
     }
 }
 
@@ -521,20 +542,32 @@ mod tests {
         Fixture {
             spec: LadderSpec::new(
                 "default".into(),
-                vec![Duration::from_millis(200), Duration::from_millis(500), Duration::from_secs(1)],
+                vec![
+                    Duration::from_millis(200),
+                    Duration::from_millis(500),
+                    Duration::from_secs(1),
+                ],
                 3,
                 regex::RegexSet::new(["^orders$", "^billing\\."]).unwrap(),
                 QueueType::Quorum,
                 DeadLetterStrategy::AtLeastOnce,
             ),
             names: Names::new("ns", "default"),
-            limits: Limits { prefetch: 10, max_header_bytes: 4096, max_reason_bytes: 32 },
+            limits: Limits {
+                prefetch: 10,
+                max_header_bytes: 4096,
+                max_reason_bytes: 32,
+            },
         }
     }
 
     impl Fixture {
         fn ctx(&self) -> HopContext<'_> {
-            HopContext { spec: &self.spec, names: &self.names, limits: &self.limits }
+            HopContext {
+                spec: &self.spec,
+                names: &self.names,
+                limits: &self.limits,
+            }
         }
     }
 
@@ -561,7 +594,7 @@ mod tests {
     }
 
     fn header<'a>(p: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
-        p.headers().as_ref().unwrap().inner().get(key)
+        p.headers().as_ref()?.inner().get(key)
     }
 
     fn death(queue: &str) -> AMQPValue {
@@ -585,8 +618,14 @@ mod tests {
         assert_eq!(out.attempt, 1);
         let p = &out.properties;
         assert_eq!(header(p, "retry-attempt"), Some(&AMQPValue::LongLongInt(1)));
-        assert_eq!(header(p, "retry-first-failed-at"), Some(&AMQPValue::LongLongInt(NOW as i64)));
-        assert_eq!(header(p, "retry-due-at"), Some(&AMQPValue::LongLongInt(NOW as i64 + 200)));
+        assert_eq!(
+            header(p, "retry-first-failed-at"),
+            Some(&AMQPValue::LongLongInt(NOW as i64))
+        );
+        assert_eq!(
+            header(p, "retry-due-at"),
+            Some(&AMQPValue::LongLongInt(NOW as i64 + 200))
+        );
         assert_eq!(header(p, "retry-tier"), Some(&long_string("200ms")));
         assert_eq!(header(p, "retry-ladder"), Some(&long_string("default")));
         assert_eq!(header(p, "retry-to"), Some(&long_string("orders")));
@@ -608,14 +647,23 @@ mod tests {
         ]);
         let out = forward(f.ctx().intake(&input, NOW));
         assert_eq!(out.routing_key, "500ms");
-        assert_eq!(header(&out.properties, "retry-attempt"), Some(&AMQPValue::LongLongInt(2)));
-        assert_eq!(header(&out.properties, "retry-first-failed-at"), Some(&AMQPValue::LongLongInt(42)));
+        assert_eq!(
+            header(&out.properties, "retry-attempt"),
+            Some(&AMQPValue::LongLongInt(2))
+        );
+        assert_eq!(
+            header(&out.properties, "retry-first-failed-at"),
+            Some(&AMQPValue::LongLongInt(42))
+        );
     }
 
     #[test]
     fn exhausted_ladder_parks_with_max_attempts() {
         let f = fixture();
-        let input = props(&[("retry-to", long_string("orders")), ("retry-attempt", AMQPValue::ShortShortUInt(3))]);
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-attempt", AMQPValue::ShortShortUInt(3)),
+        ]);
         let p = parked(f.ctx().intake(&input, NOW));
         assert_eq!(p.reason, ParkReason::MaxAttempts);
         assert_eq!(p.destination.as_deref(), Some("orders"));
@@ -635,8 +683,19 @@ mod tests {
         ]);
         let out = forward(f.ctx().intake(&input, NOW));
         assert_eq!(out.destination, "billing.eu");
-        let keys: Vec<_> = out.properties.headers().as_ref().unwrap().inner().keys().map(|k| k.to_string()).collect();
-        assert!(keys.iter().all(|k| !k.starts_with("x-") && k != "CC" && k != "BCC"), "{keys:?}");
+        let keys: Vec<_> = out
+            .properties
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        assert!(
+            keys.iter().all(|k| !k.starts_with("x-") && k != "CC" && k != "BCC"),
+            "{keys:?}"
+        );
     }
 
     #[test]
@@ -650,7 +709,12 @@ mod tests {
     #[test]
     fn retry_delay_lengthens_the_wait_and_is_consumed() {
         let f = fixture();
-        for value in [AMQPValue::LongInt(400), long_string("400ms"), long_string("400"), AMQPValue::Double(400.0)] {
+        for value in [
+            AMQPValue::LongInt(400),
+            long_string("400ms"),
+            long_string("400"),
+            AMQPValue::Double(400.0),
+        ] {
             let input = props(&[("retry-to", long_string("orders")), ("retry-delay", value.clone())]);
             let out = forward(f.ctx().intake(&input, NOW));
             assert_eq!(out.routing_key, "500ms", "{value:?}");
@@ -664,9 +728,15 @@ mod tests {
     fn reason_is_truncated_on_a_char_boundary() {
         let f = fixture();
         let long = "é".repeat(40);
-        let input = props(&[("retry-to", long_string("orders")), ("retry-reason", long_string(&long))]);
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-reason", long_string(&long)),
+        ]);
         let out = forward(f.ctx().intake(&input, NOW));
-        assert_eq!(header(&out.properties, "retry-reason"), Some(&long_string(&"é".repeat(16))));
+        assert_eq!(
+            header(&out.properties, "retry-reason"),
+            Some(&long_string(&"é".repeat(16)))
+        );
     }
 
     #[test]
@@ -682,28 +752,118 @@ mod tests {
             }
             v
         };
-        let cases: Vec<(&str, Vec<(&str, AMQPValue)>, ParkReason)> = vec![
+        type Case<'a> = (&'a str, Vec<(&'a str, AMQPValue)>, ParkReason);
+        let cases: Vec<Case> = vec![
             ("no headers at all", vec![], ParkReason::NoDestination),
-            ("retry-to is an integer", vec![("retry-to", AMQPValue::LongInt(5))], ParkReason::InvalidHeader),
-            ("retry-to is a table", vec![("retry-to", AMQPValue::FieldTable(FieldTable::default()))], ParkReason::InvalidHeader),
-            ("retry-to is empty", vec![("retry-to", long_string(""))], ParkReason::InvalidHeader),
-            ("retry-to not UTF-8", vec![("retry-to", AMQPValue::LongString(vec![0xff, 0xfe].into()))], ParkReason::InvalidHeader),
-            ("retry-to too long", vec![("retry-to", long_string(&"q".repeat(256)))], ParkReason::InvalidHeader),
-            ("not allowed", vec![("retry-to", long_string("payments"))], ParkReason::DestinationNotAllowed),
-            ("own namespace", vec![("retry-to", long_string("ns.default.intake"))], ParkReason::DestinationNotAllowed),
-            ("broker queue", vec![("retry-to", long_string("amq.gen-x"))], ParkReason::DestinationNotAllowed),
-            ("negative attempt", vec![to(), ("retry-attempt", AMQPValue::LongInt(-1))], ParkReason::InvalidHeader),
-            ("string attempt", vec![to(), ("retry-attempt", long_string("2"))], ParkReason::InvalidHeader),
-            ("fractional attempt", vec![to(), ("retry-attempt", AMQPValue::Double(1.5))], ParkReason::InvalidHeader),
-            ("decimal attempt", vec![to(), ("retry-attempt", AMQPValue::DecimalValue(DecimalValue { scale: 1, value: 10 }))], ParkReason::InvalidHeader),
-            ("void attempt", vec![to(), ("retry-attempt", AMQPValue::Void)], ParkReason::InvalidHeader),
-            ("bad delay", vec![to(), ("retry-delay", long_string("soon"))], ParkReason::InvalidHeader),
-            ("negative delay", vec![to(), ("retry-delay", AMQPValue::LongInt(-5))], ParkReason::InvalidHeader),
-            ("array delay", vec![to(), ("retry-delay", AMQPValue::FieldArray(FieldArray::default()))], ParkReason::InvalidHeader),
-            ("timestamp reason", vec![to(), ("retry-reason", AMQPValue::Timestamp(5))], ParkReason::InvalidHeader),
-            ("x-death without queue", vec![("x-death", AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Boolean(true)])))], ParkReason::NoDestination),
-            ("huge header", vec![to(), ("blob", AMQPValue::ByteArray(ByteArray::from(vec![0u8; 5000])))], ParkReason::HeaderTooLarge),
-            ("deep nesting", vec![to(), ("deep", nested(MAX_HEADER_DEPTH + 2))], ParkReason::InvalidHeader),
+            (
+                "retry-to is an integer",
+                vec![("retry-to", AMQPValue::LongInt(5))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "retry-to is a table",
+                vec![("retry-to", AMQPValue::FieldTable(FieldTable::default()))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "retry-to is empty",
+                vec![("retry-to", long_string(""))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "retry-to not UTF-8",
+                vec![("retry-to", AMQPValue::LongString(vec![0xff, 0xfe].into()))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "retry-to too long",
+                vec![("retry-to", long_string(&"q".repeat(256)))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "not allowed",
+                vec![("retry-to", long_string("payments"))],
+                ParkReason::DestinationNotAllowed,
+            ),
+            (
+                "own namespace",
+                vec![("retry-to", long_string("ns.default.intake"))],
+                ParkReason::DestinationNotAllowed,
+            ),
+            (
+                "broker queue",
+                vec![("retry-to", long_string("amq.gen-x"))],
+                ParkReason::DestinationNotAllowed,
+            ),
+            (
+                "negative attempt",
+                vec![to(), ("retry-attempt", AMQPValue::LongInt(-1))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "string attempt",
+                vec![to(), ("retry-attempt", long_string("2"))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "fractional attempt",
+                vec![to(), ("retry-attempt", AMQPValue::Double(1.5))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "decimal attempt",
+                vec![
+                    to(),
+                    (
+                        "retry-attempt",
+                        AMQPValue::DecimalValue(DecimalValue { scale: 1, value: 10 }),
+                    ),
+                ],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "void attempt",
+                vec![to(), ("retry-attempt", AMQPValue::Void)],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "bad delay",
+                vec![to(), ("retry-delay", long_string("soon"))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "negative delay",
+                vec![to(), ("retry-delay", AMQPValue::LongInt(-5))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "array delay",
+                vec![to(), ("retry-delay", AMQPValue::FieldArray(FieldArray::default()))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "timestamp reason",
+                vec![to(), ("retry-reason", AMQPValue::Timestamp(5))],
+                ParkReason::InvalidHeader,
+            ),
+            (
+                "x-death without queue",
+                vec![(
+                    "x-death",
+                    AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Boolean(true)])),
+                )],
+                ParkReason::NoDestination,
+            ),
+            (
+                "huge header",
+                vec![to(), ("blob", AMQPValue::ByteArray(ByteArray::from(vec![0u8; 5000])))],
+                ParkReason::HeaderTooLarge,
+            ),
+            (
+                "deep nesting",
+                vec![to(), ("deep", nested(MAX_HEADER_DEPTH + 2))],
+                ParkReason::InvalidHeader,
+            ),
         ];
         for (name, headers, reason) in cases {
             let p = parked(f.ctx().intake(&props(&headers), NOW));
@@ -727,7 +887,10 @@ mod tests {
         assert_eq!(out.late_ms, 30);
         assert_eq!(out.attempt, 2);
         assert_eq!(header(&out.properties, "x-death"), None);
-        assert_eq!(header(&out.properties, "retry-attempt"), Some(&AMQPValue::LongLongInt(2)));
+        assert_eq!(
+            header(&out.properties, "retry-attempt"),
+            Some(&AMQPValue::LongLongInt(2))
+        );
     }
 
     #[test]
@@ -742,7 +905,10 @@ mod tests {
     fn encoded_size_matches_the_wire_format() {
         let mut t = FieldTable::default();
         t.insert("a".into(), long_string("xyz")); // 1+1 key, 1 type, 4+3
-        t.insert("b".into(), AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Boolean(true)]))); // 2, 1, 4+(1+1)
+        t.insert(
+            "b".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Boolean(true)])),
+        ); // 2, 1, 4+(1+1)
         assert_eq!(encoded_table_size(&t, 0), Ok(4 + (2 + 1 + 7) + (2 + 1 + 6)));
     }
 }

@@ -15,7 +15,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lapin::message::Delivery;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio_util::sync::CancellationToken;
@@ -65,7 +68,11 @@ pub struct LadderRuntime {
 
 impl LadderRuntime {
     fn context(&self) -> HopContext<'_> {
-        HopContext { spec: &self.spec, names: &self.names, limits: &self.limits }
+        HopContext {
+            spec: &self.spec,
+            names: &self.names,
+            limits: &self.limits,
+        }
     }
 }
 
@@ -108,19 +115,31 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) -> Result<Drained, RelayError> {
-    let broker = |source| RelayError::Broker { hop, ladder: ladder.spec.name.clone(), source };
+    let broker = |source| RelayError::Broker {
+        hop,
+        ladder: ladder.spec.name.clone(),
+        source,
+    };
     let channel = connection.create_channel().await.map_err(broker)?;
     channel
         .basic_qos(ladder.limits.prefetch, BasicQosOptions::default())
         .await
         .map_err(broker)?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(broker)?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(broker)?;
     let queue = match hop {
         Hop::Intake => ladder.names.intake_queue.as_str(),
         Hop::Due => ladder.names.due.as_str(),
     };
     let mut consumer = channel
-        .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .map_err(broker)?;
     info!(queue, "consuming");
@@ -140,7 +159,9 @@ pub async fn serve(
     }
 
     // Stop taking work, then finish what is in flight within the grace period.
-    let _ = channel.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await;
+    let _ = channel
+        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await;
     let finish = async {
         while let Some(settled) = in_flight.next().await {
             settled?;
@@ -150,7 +171,9 @@ pub async fn serve(
     let drained = match tokio::time::timeout(grace, finish).await {
         Ok(Ok(())) => Drained::default(),
         Ok(Err(source)) => return Err(broker(source)),
-        Err(_) => Drained { abandoned: in_flight.len() },
+        Err(_) => Drained {
+            abandoned: in_flight.len(),
+        },
     };
     // Closing the channel hands anything unsettled back to the queue.
     let _ = channel.close(200, "shutdown".into()).await;
@@ -179,7 +202,13 @@ async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery
         }
         Settle::RequeueAfter(pause) => {
             tokio::time::sleep(pause).await;
-            delivery.acker.nack(BasicNackOptions { requeue: true, multiple: false }).await?;
+            delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                })
+                .await?;
         }
     }
     Ok(())
@@ -196,7 +225,10 @@ async fn forward_one(
         .basic_publish(
             forward.exchange.as_str().into(),
             forward.routing_key.as_str().into(),
-            BasicPublishOptions { mandatory: true, immediate: false },
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
             &delivery.data,
             forward.properties,
         )
@@ -211,10 +243,7 @@ async fn forward_one(
         Confirmation::Ack(Some(returned)) => {
             let detail = format!(
                 "the broker returned the publish to exchange {:?} with routing key {:?}: {} {}",
-                forward.exchange,
-                forward.routing_key,
-                returned.reply_code,
-                returned.reply_text
+                forward.exchange, forward.routing_key, returned.reply_code, returned.reply_text
             );
             let attempts = match hop {
                 Hop::Intake => forward.attempt.saturating_sub(1),
@@ -280,7 +309,10 @@ async fn park_one(
         .basic_publish(
             "".into(),
             ladder.names.parked.as_str().into(),
-            BasicPublishOptions { mandatory: true, immediate: false },
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
             &body,
             properties,
         )

@@ -54,10 +54,9 @@ pub async fn connect(amqp: &AmqpConfig) -> lapin::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(amqp.connection_name.as_str().into());
     match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(amqp.url.expose(), properties)).await {
         Ok(result) => result,
-        Err(_) => Err(lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "connecting to the broker timed out",
-        ))))),
+        Err(_) => Err(lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting to the broker timed out"),
+        )))),
     }
 }
 
@@ -127,7 +126,10 @@ enum SessionError {
 
 impl SessionError {
     fn retry(error: impl ToString) -> Self {
-        SessionError::Retry { error: error.to_string(), was_ready: false }
+        SessionError::Retry {
+            error: error.to_string(),
+            was_ready: false,
+        }
     }
 }
 
@@ -187,11 +189,17 @@ async fn session(
         workers.abort_all();
         while workers.join_next().await.is_some() {}
         close(&connection).await;
-        return Err(SessionError::Retry { error: failure, was_ready: true });
+        return Err(SessionError::Retry {
+            error: failure,
+            was_ready: true,
+        });
     }
     health.set_ready(false);
     if abandoned > 0 {
-        error!(abandoned, "shutdown grace period ran out; the broker will redeliver the unsettled messages");
+        error!(
+            abandoned,
+            "shutdown grace period ran out; the broker will redeliver the unsettled messages"
+        );
     } else {
         info!("drained; every delivery in flight was settled");
     }

@@ -126,7 +126,10 @@ pub fn plan(config: &Config) -> Vec<Declaration> {
 
 /// The declarations of one ladder.
 pub fn plan_ladder(names: &Names, spec: &LadderSpec) -> Vec<Declaration> {
-    let exchange = |name: &str, kind| Declaration::Exchange { name: name.into(), kind };
+    let exchange = |name: &str, kind| Declaration::Exchange {
+        name: name.into(),
+        kind,
+    };
     let bind = |exchange: &str, queue: &str, key: &str| Declaration::Binding {
         exchange: exchange.into(),
         queue: queue.into(),
@@ -136,11 +139,17 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec) -> Vec<Declaration> {
 
     let mut out = vec![
         exchange(&names.intake_exchange, "fanout"),
-        Declaration::Queue { name: names.intake_queue.clone(), args: vec![queue_type.clone()] },
+        Declaration::Queue {
+            name: names.intake_queue.clone(),
+            args: vec![queue_type.clone()],
+        },
         bind(&names.intake_exchange, &names.intake_queue, ""),
         exchange(&names.tiers_exchange, "direct"),
         exchange(&names.due, "fanout"),
-        Declaration::Queue { name: names.due.clone(), args: vec![queue_type.clone()] },
+        Declaration::Queue {
+            name: names.due.clone(),
+            args: vec![queue_type.clone()],
+        },
         bind(&names.due, &names.due, ""),
     ];
     for tier in &spec.tiers {
@@ -162,7 +171,10 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec) -> Vec<Declaration> {
             }
             _ => {}
         }
-        out.push(Declaration::Queue { name: queue.clone(), args });
+        out.push(Declaration::Queue {
+            name: queue.clone(),
+            args,
+        });
         out.push(bind(&names.tiers_exchange, &queue, &tier.name));
     }
     out.push(Declaration::Queue {
@@ -208,8 +220,14 @@ pub async fn apply(channel: &Channel, declarations: &[Declaration]) -> Result<()
         declare(channel, declaration).await.map_err(|source| {
             let text = declaration.to_string();
             match precondition_detail(&source) {
-                Some(detail) => TopologyError::Conflict { declaration: text, detail },
-                None => TopologyError::Broker { declaration: text, source },
+                Some(detail) => TopologyError::Conflict {
+                    declaration: text,
+                    detail,
+                },
+                None => TopologyError::Broker {
+                    declaration: text,
+                    source,
+                },
             }
         })?;
     }
@@ -223,7 +241,10 @@ async fn declare(channel: &Channel, declaration: &Declaration) -> lapin::Result<
                 "fanout" => ExchangeKind::Fanout,
                 _ => ExchangeKind::Direct,
             };
-            let options = ExchangeDeclareOptions { durable: true, ..Default::default() };
+            let options = ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
             channel
                 .exchange_declare(name.as_str().into(), kind, options, FieldTable::default())
                 .await
@@ -237,8 +258,14 @@ async fn declare(channel: &Channel, declaration: &Declaration) -> lapin::Result<
                 };
                 table.insert(ShortString::from(*key), value);
             }
-            let options = QueueDeclareOptions { durable: true, ..Default::default() };
-            channel.queue_declare(name.as_str().into(), options, table).await.map(|_| ())
+            let options = QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            };
+            channel
+                .queue_declare(name.as_str().into(), options, table)
+                .await
+                .map(|_| ())
         }
         Declaration::Binding { exchange, queue, key } => {
             channel
@@ -286,14 +313,23 @@ mod tests {
         assert_eq!(n.tiers_exchange, "ns.orders.tiers");
         assert_eq!(n.due, "ns.orders.due");
         assert_eq!(n.parked, "ns.orders.parked");
-        assert_eq!(n.tier_queue(&Tier::new(Duration::from_millis(5_400_000))), "ns.orders.delay.1h30m");
+        assert_eq!(
+            n.tier_queue(&Tier::new(Duration::from_millis(5_400_000))),
+            "ns.orders.delay.1h30m"
+        );
     }
 
     #[test]
     fn quorum_tiers_dead_letter_at_least_once_into_due() {
         let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
-        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &s).iter().map(|d| d.to_string()).collect();
-        let tier = plan.iter().find(|l| l.contains("queue    ns.orders.delay.10s")).unwrap();
+        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &s)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        let tier = plan
+            .iter()
+            .find(|l| l.contains("queue    ns.orders.delay.10s"))
+            .unwrap();
         assert_eq!(
             tier,
             "queue    ns.orders.delay.10s durable x-queue-type=quorum x-message-ttl=10000 \
@@ -319,6 +355,10 @@ mod tests {
         };
         assert!(args_of("ns.orders.delay.1h").contains(&("x-queue-mode", ArgValue::Str("lazy".into()))));
         assert!(!args_of("ns.orders.delay.10s").iter().any(|(k, _)| *k == "x-queue-mode"));
-        assert!(!args_of("ns.orders.delay.10s").iter().any(|(k, _)| *k == "x-dead-letter-strategy"));
+        assert!(
+            !args_of("ns.orders.delay.10s")
+                .iter()
+                .any(|(k, _)| *k == "x-dead-letter-strategy")
+        );
     }
 }

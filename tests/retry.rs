@@ -23,17 +23,35 @@ const TOLERANCE: Duration = Duration::from_millis(1_500);
 /// Headers of every awkward AMQP type, which must survive the ladder and the parking lot.
 fn awkward_headers() -> FieldTable {
     let mut nested = FieldTable::default();
-    nested.insert("price".into(), AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 1999 }));
-    nested.insert("tags".into(), AMQPValue::FieldArray(FieldArray::from(vec![text("a"), AMQPValue::LongInt(2)])));
+    nested.insert(
+        "price".into(),
+        AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 1999 }),
+    );
+    nested.insert(
+        "tags".into(),
+        AMQPValue::FieldArray(FieldArray::from(vec![text("a"), AMQPValue::LongInt(2)])),
+    );
     let mut h = FieldTable::default();
     h.insert("nested".into(), AMQPValue::FieldTable(nested.clone()));
     h.insert(
         "array-of-tables".into(),
-        AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(nested), AMQPValue::Boolean(false)])),
+        AMQPValue::FieldArray(FieldArray::from(vec![
+            AMQPValue::FieldTable(nested),
+            AMQPValue::Boolean(false),
+        ])),
     );
-    h.insert("decimal".into(), AMQPValue::DecimalValue(DecimalValue { scale: 3, value: 123_456 }));
+    h.insert(
+        "decimal".into(),
+        AMQPValue::DecimalValue(DecimalValue {
+            scale: 3,
+            value: 123_456,
+        }),
+    );
     h.insert("timestamp".into(), AMQPValue::Timestamp(1_700_000_000));
-    h.insert("bytes".into(), AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 254, 255])));
+    h.insert(
+        "bytes".into(),
+        AMQPValue::ByteArray(ByteArray::from(vec![0u8, 1, 254, 255])),
+    );
     h.insert("double".into(), AMQPValue::Double(-0.125));
     h.insert("i8".into(), AMQPValue::ShortShortInt(-7));
     h.insert("void".into(), AMQPValue::Void);
@@ -79,22 +97,40 @@ async fn always_failing_consumer_climbs_every_tier_then_is_parked_and_replays_ex
             let waited = arrived.duration_since(failed_at);
             let tier = Duration::from_millis(tiers[attempt as usize - 1]);
             eprintln!("attempt {attempt}: tier {tier:?}, waited {waited:?}");
-            assert!(waited >= tier, "attempt {attempt} came back after {waited:?}, before its {tier:?} tier");
-            assert!(waited <= tier + TOLERANCE, "attempt {attempt} came back {waited:?} after failing (tier {tier:?})");
+            assert!(
+                waited >= tier,
+                "attempt {attempt} came back after {waited:?}, before its {tier:?} tier"
+            );
+            assert!(
+                waited <= tier + TOLERANCE,
+                "attempt {attempt} came back {waited:?} after failing (tier {tier:?})"
+            );
             assert_eq!(int_header(&d, "retry-attempt"), Some(attempt as i64));
-            assert_eq!(headers_of(&d).get("retry-tier"), Some(&text(&format!("{}", ladder::ladder::compact_duration(tier)))));
+            assert_eq!(
+                headers_of(&d).get("retry-tier"),
+                Some(&text(&ladder::ladder::compact_duration(tier)))
+            );
             assert!(headers_of(&d).get("x-death").is_none(), "x-death must be stripped");
         }
         assert_eq!(d.data, body);
         assert_user_headers_kept(&d.properties);
         assert_eq!(d.properties.message_id().as_ref().unwrap().as_str(), "msg-1");
         // fail: republish as received, naming the queue, then ack
-        let props = republish_props(&d, &[("retry-to", text(&orders)), ("retry-reason", text(&format!("boom {attempt}")))]);
+        let props = republish_props(
+            &d,
+            &[
+                ("retry-to", text(&orders)),
+                ("retry-reason", text(&format!("boom {attempt}"))),
+            ],
+        );
         failed_at = Some(Instant::now());
         t.publish(&t.intake(), "", &d.data, props).await;
         d.acker.ack(BasicAckOptions::default()).await.unwrap();
     }
-    assert!(next_within(&mut consumer, Duration::from_secs(2)).await.is_none(), "no fifth delivery");
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(2)).await.is_none(),
+        "no fifth delivery"
+    );
 
     let parked = t.parked(1).await.remove(0);
     assert_eq!(parked.reason, "max-attempts");
@@ -116,7 +152,10 @@ async fn always_failing_consumer_climbs_every_tier_then_is_parked_and_replays_ex
     t.publish("", &replay, &original_body, original.clone()).await;
     let d = next(&mut replayed).await;
     assert_eq!(d.data, body);
-    assert_eq!(d.properties, original, "replayed properties differ from the parked original");
+    assert_eq!(
+        d.properties, original,
+        "replayed properties differ from the parked original"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,16 +174,27 @@ async fn dead_letter_mode_needs_no_client_code() {
 
     let second = next(&mut consumer).await;
     let waited = rejected_at.elapsed();
-    assert!(waited >= Duration::from_millis(200) && waited <= Duration::from_millis(200) + TOLERANCE, "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(200) && waited <= Duration::from_millis(200) + TOLERANCE,
+        "{waited:?}"
+    );
     assert_eq!(second.data, b"zero code");
     assert_eq!(int_header(&second, "retry-attempt"), Some(1));
     assert_eq!(headers_of(&second).get("retry-to"), Some(&text(&orders)));
-    assert!(headers_of(&second).keys().all(|k| !k.as_str().starts_with("x-")), "{:?}", headers_of(&second).keys());
+    assert!(
+        headers_of(&second).keys().all(|k| !k.as_str().starts_with("x-")),
+        "{:?}",
+        headers_of(&second).keys()
+    );
     assert_user_headers_kept(&second.properties);
 
     // the second rejection carries the ladder's own headers back: attempt 2 waits in 500ms
     let rejected_at = Instant::now();
-    second.acker.reject(BasicRejectOptions { requeue: false }).await.unwrap();
+    second
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+        .unwrap();
     let third = next(&mut consumer).await;
     assert!(rejected_at.elapsed() >= Duration::from_millis(500));
     assert_eq!(int_header(&third, "retry-attempt"), Some(2));
@@ -156,7 +206,12 @@ async fn redelivery_goes_only_to_the_queue_that_failed() {
     let mut t = TestLadder::start("exact", THREE_TIERS).await;
     let fanout = format!("{}-events", t.ns);
     t.channel
-        .exchange_declare(fanout.as_str().into(), lapin::ExchangeKind::Fanout, Default::default(), FieldTable::default())
+        .exchange_declare(
+            fanout.as_str().into(),
+            lapin::ExchangeKind::Fanout,
+            Default::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     t.track_exchange(&fanout);
@@ -164,7 +219,13 @@ async fn redelivery_goes_only_to_the_queue_that_failed() {
     let healthy = t.declare_queue("healthy", FieldTable::default()).await;
     for q in [&failing, &healthy] {
         t.channel
-            .queue_bind(q.as_str().into(), fanout.as_str().into(), "".into(), Default::default(), FieldTable::default())
+            .queue_bind(
+                q.as_str().into(),
+                fanout.as_str().into(),
+                "".into(),
+                Default::default(),
+                FieldTable::default(),
+            )
             .await
             .unwrap();
     }
@@ -172,16 +233,29 @@ async fn redelivery_goes_only_to_the_queue_that_failed() {
     let mut healthy_consumer = t.consume(&healthy).await;
     t.publish(&fanout, "", b"event", BasicProperties::default()).await;
 
-    next(&mut healthy_consumer).await.acker.ack(BasicAckOptions::default()).await.unwrap();
+    next(&mut healthy_consumer)
+        .await
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .unwrap();
     let d = next(&mut failing_consumer).await;
-    t.publish(&t.intake(), "", &d.data, republish_props(&d, &[("retry-to", text(&failing))])).await;
+    t.publish(
+        &t.intake(),
+        "",
+        &d.data,
+        republish_props(&d, &[("retry-to", text(&failing))]),
+    )
+    .await;
     d.acker.ack(BasicAckOptions::default()).await.unwrap();
 
     let again = next(&mut failing_consumer).await;
     assert_eq!(int_header(&again, "retry-attempt"), Some(1));
     again.acker.ack(BasicAckOptions::default()).await.unwrap();
     assert!(
-        next_within(&mut healthy_consumer, Duration::from_secs(1)).await.is_none(),
+        next_within(&mut healthy_consumer, Duration::from_secs(1))
+            .await
+            .is_none(),
         "the healthy queue bound to the same exchange got the retry too"
     );
 }
@@ -200,7 +274,11 @@ async fn retry_delay_picks_a_long_enough_tier() {
     });
     t.publish(&t.intake(), "", b"later", props).await;
     let d = next(&mut consumer).await;
-    assert!(failed_at.elapsed() >= Duration::from_secs(1), "{:?}", failed_at.elapsed());
+    assert!(
+        failed_at.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        failed_at.elapsed()
+    );
     assert_eq!(headers_of(&d).get("retry-tier"), Some(&text("1s")));
     assert!(headers_of(&d).get("retry-delay").is_none(), "retry-delay is consumed");
 }
@@ -209,11 +287,13 @@ async fn retry_delay_picks_a_long_enough_tier() {
 async fn a_missing_destination_is_parked_as_no_route() {
     let mut t = TestLadder::start("noroute", THREE_TIERS).await;
     let missing = t.queue_name("does-not-exist");
-    let props = BasicProperties::default().with_message_id("lost-1".into()).with_headers({
-        let mut h = FieldTable::default();
-        h.insert("retry-to".into(), text(&missing));
-        h
-    });
+    let props = BasicProperties::default()
+        .with_message_id("lost-1".into())
+        .with_headers({
+            let mut h = FieldTable::default();
+            h.insert("retry-to".into(), text(&missing));
+            h
+        });
     t.publish(&t.intake(), "", b"nowhere", props).await;
     let parked = t.parked(1).await.remove(0);
     assert_eq!(parked.reason, "no-route");
@@ -229,11 +309,13 @@ async fn shutdown_mid_flight_drains_and_loses_nothing() {
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let n = 300;
     for i in 0..n {
-        let props = BasicProperties::default().with_message_id(format!("m{i}").into()).with_headers({
-            let mut h = FieldTable::default();
-            h.insert("retry-to".into(), text(&orders));
-            h
-        });
+        let props = BasicProperties::default()
+            .with_message_id(format!("m{i}").into())
+            .with_headers({
+                let mut h = FieldTable::default();
+                h.insert("retry-to".into(), text(&orders));
+                h
+            });
         t.publish(&t.intake(), "", b"x", props).await;
     }
     // stop while the service is busy with them, then start again

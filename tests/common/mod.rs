@@ -16,8 +16,8 @@ use ladder::service::{self, Health};
 use ladder::topology::{self, Declaration};
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    QueueDeleteOptions, ExchangeDeleteOptions,
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
@@ -34,7 +34,11 @@ pub const WAIT: Duration = Duration::from_secs(30);
 pub fn unique_namespace(hint: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("lt-{hint}-{}-{}-{nanos}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "lt-{hint}-{}-{}-{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 pub fn now_ms() -> u64 {
@@ -56,7 +60,11 @@ pub fn write_config(dir: &Path, ns: &str, extra_main: &str, ladder: &str, ladder
     );
     std::fs::write(dir.join("ladder.toml"), main).unwrap();
     std::fs::create_dir_all(dir.join("ladders")).unwrap();
-    std::fs::write(dir.join("ladders").join(format!("{ladder}.toml")), ladder_toml.replace("{ns}", ns)).unwrap();
+    std::fs::write(
+        dir.join("ladders").join(format!("{ladder}.toml")),
+        ladder_toml.replace("{ns}", ns),
+    )
+    .unwrap();
     dir.join("ladder.toml")
 }
 
@@ -121,7 +129,10 @@ impl TestLadder {
     pub async fn stop_service(&mut self) {
         if let Some((token, handle)) = self.service.take() {
             token.cancel();
-            tokio::time::timeout(WAIT, handle).await.expect("service drains in time").unwrap();
+            tokio::time::timeout(WAIT, handle)
+                .await
+                .expect("service drains in time")
+                .unwrap();
         }
     }
 
@@ -136,7 +147,14 @@ impl TestLadder {
     pub async fn declare_queue(&mut self, name: &str, args: FieldTable) -> String {
         let q = self.queue_name(name);
         self.channel
-            .queue_declare(q.as_str().into(), QueueDeclareOptions { durable: true, ..Default::default() }, args)
+            .queue_declare(
+                q.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                args,
+            )
             .await
             .unwrap();
         q
@@ -164,9 +182,14 @@ impl TestLadder {
     pub async fn consume(&self, queue: &str) -> Consumer {
         let ch = self.client.create_channel().await.unwrap();
         ch.basic_qos(50, BasicQosOptions::default()).await.unwrap();
-        ch.basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
-            .await
-            .unwrap()
+        ch.basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
     }
 
     /// Reads the parking lot from the start until `count` envelopes arrived (or panics at `WAIT`).
@@ -191,7 +214,10 @@ impl Drop for TestLadder {
         }
         // Our own runtime on another thread: Drop may run while the test's runtime is unwinding.
         let cleanup = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(delete_all(queues, exchanges));
         });
         let _ = cleanup.join();
@@ -212,7 +238,11 @@ pub async fn delete_all(queues: Vec<String>, exchanges: Vec<String>) {
     }
     for e in exchanges {
         if let Ok(ch) = conn.create_channel().await {
-            let _ = tokio::time::timeout(WAIT, ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())).await;
+            let _ = tokio::time::timeout(
+                WAIT,
+                ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()),
+            )
+            .await;
         }
     }
     let _ = conn.close(200, "cleanup".into()).await;
@@ -224,7 +254,10 @@ pub async fn publish(channel: &Channel, exchange: &str, routing_key: &str, body:
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
-                BasicPublishOptions { mandatory: true, immediate: false },
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
                 body,
                 props,
             )
@@ -235,7 +268,11 @@ pub async fn publish(channel: &Channel, exchange: &str, routing_key: &str, body:
     })
     .await
     .expect("publish confirm timed out");
-    assert_eq!(confirm, Confirmation::Ack(None), "publish to {exchange:?}/{routing_key:?} was not routed");
+    assert_eq!(
+        confirm,
+        Confirmation::Ack(None),
+        "publish to {exchange:?}/{routing_key:?} was not routed"
+    );
 }
 
 /// The next delivery, or `None` after `within`.
@@ -258,7 +295,10 @@ pub async fn read_parked(conn: &Connection, stream: &str, count: usize) -> Vec<E
     let ch = conn.create_channel().await.unwrap();
     ch.basic_qos(500, BasicQosOptions::default()).await.unwrap();
     let mut args = FieldTable::default();
-    args.insert("x-stream-offset".into(), AMQPValue::LongString(LongString::from("first")));
+    args.insert(
+        "x-stream-offset".into(),
+        AMQPValue::LongString(LongString::from("first")),
+    );
     let mut consumer = ch
         .basic_consume(stream.into(), "".into(), BasicConsumeOptions::default(), args)
         .await
