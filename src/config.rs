@@ -187,7 +187,10 @@ pub fn load(file: &Path, env: &HashMap<String, String>) -> Result<Config, Config
         .add_source(env_source)
         .build()
         .and_then(|c| c.try_deserialize())
-        .map_err(|e| ConfigError::new(file, "-", e.to_string()))?;
+        .map_err(|e| {
+            let message = e.to_string();
+            ConfigError::new(file, key_in_message(&message).unwrap_or_else(|| "-".into()), message)
+        })?;
 
     let base = file.parent().unwrap_or_else(|| Path::new("."));
     let ladders_dir = base.join(raw.ladders_dir.clone().unwrap_or_else(|| "ladders".into()));
@@ -212,8 +215,12 @@ fn read_ladders(dir: &Path) -> Result<Vec<(String, PathBuf, RawLadder)>, ConfigE
         .map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, "-", format!("cannot read: {e}")))?;
-            let raw: RawLadder =
-                toml::from_str(&text).map_err(|e| ConfigError::new(&path, "-", e.message().to_string()))?;
+            let raw: RawLadder = toml::from_str(&text).map_err(|e| {
+                let key = key_in_message(e.message())
+                    .or_else(|| e.span().map(|span| format!("line {}", line_of(&text, span.start))))
+                    .unwrap_or_else(|| "-".into());
+                ConfigError::new(&path, key, e.message().to_string())
+            })?;
             let name = path
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -221,6 +228,24 @@ fn read_ladders(dir: &Path) -> Result<Vec<(String, PathBuf, RawLadder)>, ConfigE
             Ok((name, path, raw))
         })
         .collect()
+}
+
+/// The dotted key a serde error message is about: `unknown field `x`` inside `for key `amqp``
+/// gives `amqp.x`.
+fn key_in_message(message: &str) -> Option<String> {
+    let quoted_after = |marker: &str| {
+        let start = message.find(marker)? + marker.len();
+        let end = message[start..].find('`')?;
+        Some(message[start..start + end].to_string())
+    };
+    match (quoted_after("for key `"), quoted_after("unknown field `")) {
+        (Some(parent), Some(field)) => Some(format!("{parent}.{field}")),
+        (parent, field) => field.or(parent),
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
 fn validate(
@@ -461,10 +486,16 @@ mod tests {
     #[test]
     fn unknown_key_is_rejected() {
         let e = problem("prefetc = 3", GOOD_LADDER);
-        assert!(e.problem.contains("prefetc"), "{e}");
+        assert_eq!(e.key, "prefetc", "{e}");
+        let e = problem("[amqp]\nurll = \"x\"", GOOD_LADDER);
+        assert_eq!(e.key, "amqp.urll", "{e}");
+        let e = problem("prefetch = \"many\"", GOOD_LADDER);
+        assert_eq!(e.key, "prefetch", "{e}");
         let e = problem("", "backoff = [\"1s\"]\nallow = []\nmax_atempts = 3");
-        assert!(e.problem.contains("max_atempts"), "{e}");
+        assert_eq!(e.key, "max_atempts", "{e}");
         assert!(e.file.ends_with("default.toml"));
+        let e = problem("", "allow = []\n\nbackoff = [\"soon\"]");
+        assert_eq!(e.key, "line 3", "{e}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the outcome to an exit code.
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use ladder::topology;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-/// Invalid config or usage (sysexits EX_USAGE): nothing touched the broker.
+/// Invalid config (sysexits EX_USAGE): nothing touched the broker. (clap exits 2 on bad arguments.)
 const EXIT_CONFIG: u8 = 64;
 /// The broker could not be reached (EX_UNAVAILABLE).
 const EXIT_UNAVAILABLE: u8 = 69;
@@ -49,7 +50,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        // lapin logs its own view of every connection failure; ours already carries the error
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,lapin=off".into()),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 
