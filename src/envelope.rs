@@ -41,6 +41,20 @@ pub struct Envelope {
     pub message: OriginalMessage,
 }
 
+impl Envelope {
+    /// Decodes a parked record's body, however deeply its headers nest.
+    ///
+    /// serde_json's default recursion limit (128) would refuse an envelope whose headers nest
+    /// deeper than about 60 levels; such a message is still parked, so it must still be readable.
+    /// Decoding (and dropping) such a value recurses once per level: call this on a thread with
+    /// a large stack (the binary gives its runtime threads [`crate::DEEP_STACK_BYTES`]).
+    pub fn from_slice(bytes: &[u8]) -> Result<Envelope, EnvelopeError> {
+        let mut json = serde_json::Deserializer::from_slice(bytes);
+        json.disable_recursion_limit();
+        Envelope::deserialize(serde_stacker::Deserializer::new(&mut json)).map_err(|e| err(e.to_string()))
+    }
+}
+
 /// A message as received: where it came from, its properties and its body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OriginalMessage {
@@ -206,7 +220,13 @@ pub fn table_from_json(value: &Value) -> Result<FieldTable, EnvelopeError> {
 /// that are not finite are the strings `"NaN"`, `"inf"`, `"-inf"`; a decimal is
 /// `{"scale": u8, "value": u32}`.
 pub fn value_to_json(value: &AMQPValue) -> Value {
-    let typed = |t: &str, v: Value| json!({ "type": t, "value": v });
+    // not `json!`: it would serialize `v` again at every level, quadratic in the nesting depth
+    let typed = |t: &str, v: Value| {
+        let mut map = Map::with_capacity(2);
+        map.insert("type".into(), Value::String(t.into()));
+        map.insert("value".into(), v);
+        Value::Object(map)
+    };
     match value {
         AMQPValue::Boolean(b) => typed("boolean", json!(b)),
         AMQPValue::ShortShortInt(n) => typed("short-short-int", json!(n)),
@@ -403,6 +423,42 @@ mod tests {
         let back: OriginalMessage = serde_json::from_str(&text).unwrap();
         assert_eq!(back.properties().unwrap(), props);
         assert_eq!(back.body().unwrap(), body);
+    }
+
+    #[test]
+    fn deeply_nested_headers_round_trip_through_the_envelope() {
+        let run = || {
+            let mut value = AMQPValue::LongString("bottom".into());
+            for _ in 0..5_000 {
+                let mut t = FieldTable::default();
+                t.insert("n".into(), value);
+                value = AMQPValue::FieldTable(t);
+            }
+            let mut headers = FieldTable::default();
+            headers.insert("deep".into(), value);
+            let props = BasicProperties::default().with_headers(headers);
+            let envelope = Envelope {
+                format: FORMAT.into(),
+                reason: "invalid-header".into(),
+                detail: "deep".into(),
+                ladder: "l".into(),
+                destination: None,
+                attempts: None,
+                first_failed_at_ms: None,
+                parked_at_ms: 1,
+                hop: "intake".into(),
+                message: OriginalMessage::capture("x", "", &props, b"body"),
+            };
+            let bytes = serde_json::to_vec(&envelope).unwrap();
+            let back = Envelope::from_slice(&bytes).unwrap();
+            assert_eq!(back.message.properties().unwrap(), props);
+        };
+        std::thread::Builder::new()
+            .stack_size(crate::DEEP_STACK_BYTES)
+            .spawn(run)
+            .unwrap()
+            .join()
+            .unwrap();
     }
 
     #[test]

@@ -48,6 +48,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // lapin's I/O thread takes the default stack size, which std reads from RUST_MIN_STACK when
+    // it spawns its first thread; a deeply nested header must not overflow that thread.
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        // SAFETY: nothing has spawned a thread yet, so nothing reads the environment concurrently.
+        unsafe { std::env::set_var("RUST_MIN_STACK", ladder::DEEP_STACK_BYTES.to_string()) };
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         // lapin logs its own view of every connection failure; ours already carries the error
@@ -96,6 +102,7 @@ fn main() -> ExitCode {
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(ladder::DEEP_STACK_BYTES)
         .build()
         .expect("the tokio runtime starts")
 }

@@ -148,13 +148,31 @@ impl HopContext<'_> {
         let empty = FieldTable::default();
         let headers = props.headers().as_ref().unwrap_or(&empty);
         let h = headers.inner();
+        // Read what can be read before validating, so every park record says where the
+        // message was headed (operators search the parking lot by destination).
+        let destination = match h.get(header::RETRY_TO) {
+            Some(value) => check_queue_name(value),
+            None => newest_death_queue(h).ok_or_else(|| {
+                format!(
+                    "no {} header and no x-death entry naming the queue it failed in",
+                    header::RETRY_TO
+                )
+            }),
+        };
+        let known_destination = destination.as_ref().ok().cloned();
 
-        if let Some(park) = self.check_size(headers) {
-            return Decision::Park(park);
+        if let Some((reason, detail)) = self.check_size(headers) {
+            return Decision::Park(Park {
+                reason,
+                detail,
+                destination: known_destination,
+                attempts: None,
+                first_failed_at_ms: None,
+            });
         }
         let previous = match optional_u64(h, header::RETRY_ATTEMPT) {
             Ok(n) => n.unwrap_or(0),
-            Err(problem) => return invalid(problem, None, None),
+            Err(problem) => return invalid(problem, known_destination, None),
         };
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
@@ -166,28 +184,12 @@ impl HopContext<'_> {
                 first_failed_at_ms: first_failed_at,
             })
         };
-        let destination = match h.get(header::RETRY_TO) {
-            Some(value) => match as_text(value) {
-                Some(name) if !name.is_empty() && name.len() <= 255 => name.to_string(),
-                _ => {
-                    let problem = format!(
-                        "{} must be a queue name string, got {}",
-                        header::RETRY_TO,
-                        describe(value)
-                    );
-                    return park(ParkReason::InvalidHeader, problem, None);
-                }
-            },
-            None => match newest_death_queue(h) {
-                Some(queue) => queue,
-                None => {
-                    let detail = format!(
-                        "no {} header and no x-death entry naming the queue it failed in",
-                        header::RETRY_TO
-                    );
-                    return park(ParkReason::NoDestination, detail, None);
-                }
-            },
+        let destination = match destination {
+            Ok(queue) => queue,
+            Err(problem) if h.contains_key(header::RETRY_TO) => {
+                return park(ParkReason::InvalidHeader, problem, None);
+            }
+            Err(problem) => return park(ParkReason::NoDestination, problem, None),
         };
         if let Some(detail) = self.refuse_destination(&destination) {
             return park(ParkReason::DestinationNotAllowed, detail, Some(destination));
@@ -264,13 +266,19 @@ impl HopContext<'_> {
                 first_failed_at_ms: first_failed_at,
             })
         };
-        let destination = match h.get(header::RETRY_TO).and_then(as_text) {
-            Some(name) if !name.is_empty() && name.len() <= 255 => name.to_string(),
-            _ => {
-                let detail = format!("due message without a {} queue name", header::RETRY_TO);
+        let destination = match h.get(header::RETRY_TO).map(check_queue_name) {
+            Some(Ok(queue)) => queue,
+            Some(Err(problem)) => return park(ParkReason::InvalidHeader, problem, None),
+            None => {
+                let detail = format!("due message without a {} header", header::RETRY_TO);
                 return park(ParkReason::NoDestination, detail, None);
             }
         };
+        // Only the intake checks headers, but anyone allowed to publish to the tiers exchange
+        // could bypass it.
+        if let Some((reason, detail)) = self.check_size(headers) {
+            return park(reason, detail, Some(destination));
+        }
         if let Some(detail) = self.refuse_destination(&destination) {
             return park(ParkReason::DestinationNotAllowed, detail, Some(destination));
         }
@@ -285,28 +293,21 @@ impl HopContext<'_> {
         }))
     }
 
-    fn check_size(&self, headers: &FieldTable) -> Option<Park> {
-        let problem = match encoded_table_size(headers, 0) {
-            Err(TooDeep) => (
+    fn check_size(&self, headers: &FieldTable) -> Option<(ParkReason, String)> {
+        match encoded_table_size(headers, 0) {
+            Err(TooDeep) => Some((
                 ParkReason::InvalidHeader,
                 format!("headers nest deeper than {MAX_HEADER_DEPTH} levels"),
-            ),
-            Ok(size) if size > self.limits.max_header_bytes => (
+            )),
+            Ok(size) if size > self.limits.max_header_bytes => Some((
                 ParkReason::HeaderTooLarge,
                 format!(
                     "headers take {size} bytes, above max_header_bytes = {}",
                     self.limits.max_header_bytes
                 ),
-            ),
-            Ok(_) => return None,
-        };
-        Some(Park {
-            reason: problem.0,
-            detail: problem.1,
-            destination: None,
-            attempts: None,
-            first_failed_at_ms: None,
-        })
+            )),
+            Ok(_) => None,
+        }
     }
 
     /// Why the ladder may not deliver to `queue`, or `None` if it may.
@@ -326,6 +327,24 @@ fn invalid(detail: String, destination: Option<String>, attempts: Option<u64>) -
         attempts,
         first_failed_at_ms: None,
     })
+}
+
+/// A `retry-to` value as a queue name, or what is wrong with it.
+fn check_queue_name(value: &AMQPValue) -> Result<String, String> {
+    match as_text(value) {
+        Some("") => Err(format!("{} is empty", header::RETRY_TO)),
+        Some(name) if name.len() > 255 => Err(format!(
+            "{} is {} bytes long; queue names have at most 255",
+            header::RETRY_TO,
+            name.len()
+        )),
+        Some(name) => Ok(name.to_string()),
+        None => Err(format!(
+            "{} must be a queue name string, got {}",
+            header::RETRY_TO,
+            describe(value)
+        )),
+    }
 }
 
 /// Headers the broker owns or that route copies elsewhere; removed before every republish.
@@ -891,6 +910,38 @@ mod tests {
             header(&out.properties, "retry-attempt"),
             Some(&AMQPValue::LongLongInt(2))
         );
+    }
+
+    #[test]
+    fn parks_say_where_the_message_was_headed_when_readable() {
+        let f = fixture();
+        let cases = [
+            props(&[("retry-to", long_string("orders")), ("retry-attempt", long_string("x"))]),
+            props(&[
+                ("retry-to", long_string("orders")),
+                ("blob", AMQPValue::ByteArray(vec![0u8; 5000].into())),
+            ]),
+            props(&[
+                ("retry-to", long_string("orders")),
+                ("retry-delay", long_string("soon")),
+            ]),
+        ];
+        for input in cases {
+            assert_eq!(
+                parked(f.ctx().intake(&input, NOW)).destination.as_deref(),
+                Some("orders")
+            );
+        }
+    }
+
+    #[test]
+    fn due_checks_header_size_too() {
+        let f = fixture();
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("blob", AMQPValue::ByteArray(vec![0u8; 5000].into())),
+        ]);
+        assert_eq!(parked(f.ctx().due(&input, NOW)).reason, ParkReason::HeaderTooLarge);
     }
 
     #[test]

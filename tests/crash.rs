@@ -94,6 +94,8 @@ impl Crash {
             .arg(&self.config_path)
             .arg("run")
             .env("RUST_LOG", "info")
+            // the binary must size its own thread stacks (see `deeply_nested_header` below)
+            .env_remove("RUST_MIN_STACK")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -387,7 +389,7 @@ async fn service_killed_with_hundreds_in_flight_loses_nothing() {
         "parking lot",
         &mut parked,
         |d| {
-            let envelope: Envelope = serde_json::from_slice(&d.data).expect("a parked record is an envelope");
+            let envelope = Envelope::from_slice(&d.data).expect("a parked record is an envelope");
             let id = message_id(&d.properties);
             assert!(
                 id.starts_with('p'),
@@ -413,4 +415,65 @@ async fn service_killed_with_hundreds_in_flight_loses_nothing() {
     let log = std::fs::read_to_string(t.log_path(t.runs)).unwrap();
     assert!(log.contains("SIGTERM: draining") && log.contains("stopped"), "{log}");
     let _ = conn.close(200, "done".into()).await;
+}
+
+/// Regression: a header table nested ~1 000 levels deep (7 KB, well under max_header_bytes)
+/// overflowed lapin's 2 MiB I/O thread stack and aborted the process — on every restart,
+/// since the message was never acked. It must be parked as `invalid-header` instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_deeply_nested_header_is_parked_not_a_crash() {
+    let mut t = Crash::configure("deep");
+    let conn = connect().await;
+    let names = t.names.clone();
+    let orders = format!("{}-orders", t.ns());
+    t.queues.push(orders.clone());
+    t.spawn();
+    wait_serving(&conn, &names).await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    ch.queue_declare(
+        orders.as_str().into(),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+
+    let mut deep = AMQPValue::Boolean(true);
+    for _ in 0..3_000 {
+        let mut table = FieldTable::default();
+        table.insert("n".into(), deep);
+        deep = AMQPValue::FieldTable(table);
+    }
+    let mut bad = retry_props("deep", &orders, None);
+    let mut headers = bad.headers().clone().unwrap();
+    headers.insert("deep".into(), deep);
+    bad = bad.with_headers(headers);
+    publish(&ch, &names.intake_exchange, "", b"deep", bad.clone()).await;
+    publish(
+        &ch,
+        &names.intake_exchange,
+        "",
+        b"good",
+        retry_props("good", &orders, None),
+    )
+    .await;
+
+    let mut delivered = consumer(&conn, &orders, FieldTable::default()).await;
+    let d = next(&mut delivered).await;
+    assert_eq!(message_id(&d.properties), "good");
+    let parked = read_parked(&conn, &names.parked, 1).await.remove(0);
+    assert_eq!(parked.reason, "invalid-header", "{}", parked.detail);
+    assert_eq!(parked.destination.as_deref(), Some(orders.as_str()));
+    assert_eq!(
+        parked.message.properties().unwrap(),
+        bad,
+        "the parked original lost its nesting"
+    );
+    let child = t.child.as_mut().expect("a service runs");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the service died:\n{}",
+        t.log_tail(1)
+    );
 }
