@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use ladder::config::{self, Config};
-use ladder::service::{self, ApplyError, Health};
+use ladder::service::{self, ApplyError, State};
 use ladder::topology;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -128,7 +128,7 @@ async fn run(config: Config) -> ExitCode {
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     info!(config = %config.file.display(), namespace = %config.namespace, ladders = config.ladders.len(), "starting");
-    let result = service::run(Arc::new(config), Arc::new(Health::default()), shutdown).await;
+    let result = service::run(Arc::new(config), Arc::new(State::default()), shutdown).await;
     signals.abort();
     match result {
         Ok(()) => {

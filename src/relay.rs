@@ -10,7 +10,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -27,7 +27,9 @@ use tracing::{debug, error, info, warn};
 use crate::config::Limits;
 use crate::envelope::{Envelope, FORMAT, OriginalMessage};
 use crate::ladder::LadderSpec;
+use crate::metrics::{InFlight, LadderMetrics};
 use crate::protocol::{Decision, Forward, HopContext, Park, ParkReason, long_string};
+use crate::telemetry::Telemetry;
 use crate::topology::Names;
 
 /// A park that the broker refused (the stream is missing or full) is retried after this long,
@@ -64,6 +66,10 @@ pub struct LadderRuntime {
     pub names: Names,
     /// Bounds.
     pub limits: Limits,
+    /// Its metric handles.
+    pub metrics: LadderMetrics,
+    /// Tracing.
+    pub telemetry: Telemetry,
 }
 
 impl LadderRuntime {
@@ -187,6 +193,10 @@ enum Settle {
 }
 
 async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery: Delivery) -> lapin::Result<()> {
+    let started = Instant::now();
+    let metrics = ladder.metrics.hop(hop);
+    let _in_flight = InFlight::enter(&metrics.in_flight);
+    metrics.received.inc();
     let now = now_ms();
     let decision = match hop {
         Hop::Intake => ladder.context().intake(&delivery.properties, now),
@@ -199,8 +209,10 @@ async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery
     match settle {
         Settle::Ack => {
             delivery.acker.ack(Default::default()).await?;
+            metrics.duration.observe(started.elapsed().as_secs_f64());
         }
         Settle::RequeueAfter(pause) => {
+            metrics.publish_failures.inc();
             tokio::time::sleep(pause).await;
             delivery
                 .acker
@@ -236,11 +248,16 @@ async fn forward_one(
         .await?;
     match confirmation {
         Confirmation::Ack(None) => {
+            match hop {
+                Hop::Intake => ladder.metrics.scheduled(&forward.routing_key),
+                Hop::Due => ladder.metrics.delivered(Duration::from_millis(forward.late_ms)),
+            }
             debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                    routing_key = %forward.routing_key, late_ms = forward.late_ms, "forwarded");
             Ok(Settle::Ack)
         }
         Confirmation::Ack(Some(returned)) => {
+            ladder.metrics.hop(hop).returned.inc();
             let detail = format!(
                 "the broker returned the publish to exchange {:?} with routing key {:?}: {} {}",
                 forward.exchange, forward.routing_key, returned.reply_code, returned.reply_text
@@ -272,9 +289,10 @@ async fn park_one(
     delivery: &Delivery,
     park: Park,
 ) -> lapin::Result<Settle> {
+    let reason = park.reason;
     let envelope = Envelope {
         format: FORMAT.to_string(),
-        reason: park.reason.code().to_string(),
+        reason: reason.code().to_string(),
         detail: park.detail,
         ladder: ladder.spec.name.clone(),
         destination: park.destination,
@@ -319,6 +337,7 @@ async fn park_one(
         .await?
         .await?;
     if let Confirmation::Ack(None) = confirmation {
+        ladder.metrics.parked(reason);
         warn!(
             ladder = %envelope.ladder,
             %hop,

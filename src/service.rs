@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::config::{AmqpConfig, Config};
+use crate::metrics::Metrics;
 use crate::relay::{self, Hop, LadderRuntime};
+use crate::telemetry::Telemetry;
 use crate::topology::{self, Names, TopologyError};
 
 /// How long one connection attempt may take before it counts as failed.
@@ -39,6 +41,17 @@ impl Health {
     fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
     }
+}
+
+/// What the service shares with the admin server and the tests: readiness, metrics, tracing.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Readiness.
+    pub health: Health,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// OpenTelemetry tracing (off unless configured).
+    pub telemetry: Telemetry,
 }
 
 /// Why the service stopped for good.
@@ -83,13 +96,16 @@ pub enum ApplyError {
 /// Serves every ladder of `config` until `shutdown` is cancelled, reconnecting as needed.
 ///
 /// Returns `Ok` after a drained shutdown; `Err` only for faults reconnecting cannot fix.
-pub async fn run(config: Arc<Config>, health: Arc<Health>, shutdown: CancellationToken) -> Result<(), ServiceError> {
+pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationToken) -> Result<(), ServiceError> {
+    let health = &state.health;
     let ladders: Vec<Arc<LadderRuntime>> = config
         .ladders
         .iter()
         .map(|spec| {
             Arc::new(LadderRuntime {
                 names: Names::new(&config.namespace, &spec.name),
+                metrics: state.metrics.ladder(spec),
+                telemetry: state.telemetry.clone(),
                 spec: spec.clone(),
                 limits: config.limits,
             })
@@ -97,7 +113,7 @@ pub async fn run(config: Arc<Config>, health: Arc<Health>, shutdown: Cancellatio
         .collect();
     let mut backoff = config.amqp.reconnect_min;
     loop {
-        match session(&config, &ladders, &health, &shutdown).await {
+        match session(&config, &ladders, health, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(SessionError::Fatal(e)) => {
                 health.set_ready(false);
@@ -108,6 +124,7 @@ pub async fn run(config: Arc<Config>, health: Arc<Health>, shutdown: Cancellatio
                 if was_ready {
                     backoff = config.amqp.reconnect_min;
                 }
+                state.metrics.reconnects.inc();
                 warn!(url = %config.amqp.url, error = %error, retry_in = ?backoff, "broker connection lost; reconnecting");
             }
         }

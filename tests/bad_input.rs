@@ -342,7 +342,7 @@ async fn every_bad_input_is_parked_with_its_reason_and_the_service_keeps_serving
     let ns = t.ns.clone();
     wait_until_empty(&t, &format!("{ns}.default.intake")).await;
     wait_until_empty(&t, &format!("{ns}.default.due")).await;
-    assert!(t.health.is_ready(), "the service is no longer ready");
+    assert!(t.state.health.is_ready(), "the service is no longer ready");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,10 +62,10 @@ async fn disruptive_broker_restart_under_traffic_loses_nothing() {
 
     let stopped_at = Instant::now();
     let guard = BrokerGuard::stop_app();
-    wait_until("the service notices the broker is gone", || !t.health.is_ready()).await;
+    wait_until("the service notices the broker is gone", || !t.state.health.is_ready()).await;
     drop(guard); // start_app, and wait until the broker is up
     eprintln!("broker was down for {:?}", stopped_at.elapsed());
-    wait_until("the service reconnects by itself", || t.health.is_ready()).await;
+    wait_until("the service reconnects by itself", || t.state.health.is_ready()).await;
 
     // After: the service serves new failures too.
     let client = connect().await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_util::StreamExt;
 use ladder::config::Config;
 use ladder::envelope::Envelope;
-use ladder::service::{self, Health};
+use ladder::service::{self, State};
 use ladder::topology::{self, Declaration};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -74,7 +74,7 @@ pub struct TestLadder {
     pub ladder: String,
     pub dir: tempfile::TempDir,
     pub config: Arc<Config>,
-    pub health: Arc<Health>,
+    pub state: Arc<State>,
     pub client: Connection,
     pub channel: Channel,
     service: Option<(CancellationToken, JoinHandle<()>)>,
@@ -106,7 +106,7 @@ impl TestLadder {
             ladder: "default".into(),
             dir,
             config: Arc::new(config),
-            health: Arc::new(Health::default()),
+            state: Arc::new(State::default()),
             client,
             channel,
             service: None,
@@ -117,12 +117,12 @@ impl TestLadder {
 
     pub async fn start_service(&mut self) {
         let token = CancellationToken::new();
-        let (config, health, stop) = (self.config.clone(), self.health.clone(), token.clone());
+        let (config, state, stop) = (self.config.clone(), self.state.clone(), token.clone());
         let handle = tokio::spawn(async move {
-            service::run(config, health, stop).await.expect("service runs");
+            service::run(config, state, stop).await.expect("service runs");
         });
         self.service = Some((token, handle));
-        wait_until("service ready", || self.health.is_ready()).await;
+        wait_until("service ready", || self.state.health.is_ready()).await;
     }
 
     /// Stops the service as SIGTERM would and waits for its drain.

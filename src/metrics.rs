@@ -1,0 +1,392 @@
+//! Prometheus metrics: one registry for the process, and per-ladder handles made once at start
+//! so the relay's hot path only bumps atomics (no label allocation, no map lookup).
+//!
+//! Names are `ladder_<thing>_<unit>[_total]`; label values are bounded: ladder, hop, tier,
+//! reason, queue role — never a message id or a destination queue.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::ladder::LadderSpec;
+use crate::protocol::ParkReason;
+use crate::relay::Hop;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LadderLabel {
+    ladder: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HopLabels {
+    ladder: String,
+    hop: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabels {
+    ladder: String,
+    tier: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    ladder: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    ladder: String,
+    queue: String,
+}
+
+/// Lateness buckets: 1 ms to ~33 s, doubling.
+fn lateness_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Hop latency buckets: 100 µs to ~3.3 s, doubling.
+fn hop_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// The process's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    received: Family<HopLabels, Counter>,
+    scheduled: Family<TierLabels, Counter>,
+    delivered: Family<LadderLabel, Counter>,
+    parked: Family<ReasonLabels, Counter>,
+    publish_failures: Family<HopLabels, Counter>,
+    returned: Family<HopLabels, Counter>,
+    lateness: Family<LadderLabel, Histogram, fn() -> Histogram>,
+    hop_duration: Family<HopLabels, Histogram, fn() -> Histogram>,
+    in_flight: Family<HopLabels, Gauge>,
+    queue_messages: Family<QueueLabels, Gauge>,
+    unaccounted: Family<LadderLabel, Gauge>,
+    unaccounted_alarms: Family<LadderLabel, Counter>,
+    /// Sessions started after a lost connection.
+    pub reconnects: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// An empty registry with every family registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            received: Family::default(),
+            scheduled: Family::default(),
+            delivered: Family::default(),
+            parked: Family::default(),
+            publish_failures: Family::default(),
+            returned: Family::default(),
+            lateness: Family::new_with_constructor(lateness_histogram),
+            hop_duration: Family::new_with_constructor(hop_histogram),
+            in_flight: Family::default(),
+            queue_messages: Family::default(),
+            unaccounted: Family::default(),
+            unaccounted_alarms: Family::default(),
+            reconnects: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "ladder_received_messages",
+            "Deliveries taken from a ladder's intake or due queue",
+            m.received.clone(),
+        );
+        registry.register(
+            "ladder_scheduled_messages",
+            "Retries published (and confirmed) into a tier",
+            m.scheduled.clone(),
+        );
+        registry.register(
+            "ladder_delivered_messages",
+            "Retries published (and confirmed) to their destination queue",
+            m.delivered.clone(),
+        );
+        registry.register("ladder_parked_messages", "Messages parked, by reason", m.parked.clone());
+        registry.register(
+            "ladder_publish_failures",
+            "Publishes the broker nacked or a park it refused; the delivery is requeued",
+            m.publish_failures.clone(),
+        );
+        registry.register(
+            "ladder_returned_messages",
+            "Mandatory publishes the broker returned as unroutable (then parked as no-route)",
+            m.returned.clone(),
+        );
+        registry.register(
+            "ladder_lateness_seconds",
+            "Redelivery time minus the due time (retry-due-at)",
+            m.lateness.clone(),
+        );
+        registry.register(
+            "ladder_hop_duration_seconds",
+            "From receiving a delivery to acking it (publish and confirm included)",
+            m.hop_duration.clone(),
+        );
+        registry.register(
+            "ladder_in_flight_messages",
+            "Deliveries received and not yet settled",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "ladder_queue_messages",
+            "Messages ready in a ladder's queues, read from the broker at an interval",
+            m.queue_messages.clone(),
+        );
+        registry.register(
+            "ladder_unaccounted_messages",
+            "Messages the accounting identity cannot place (should stay 0)",
+            m.unaccounted.clone(),
+        );
+        registry.register(
+            "ladder_unaccounted_alarms",
+            "Times the accounting identity found messages it cannot place",
+            m.unaccounted_alarms.clone(),
+        );
+        registry.register(
+            "ladder_reconnects",
+            "Broker sessions started after a lost connection",
+            m.reconnects.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The handles one ladder's loops use.
+    pub fn ladder(&self, spec: &LadderSpec) -> LadderMetrics {
+        let ladder = spec.name.clone();
+        let hop = |family: &Family<HopLabels, Counter>, hop: Hop| {
+            family
+                .get_or_create(&HopLabels {
+                    ladder: ladder.clone(),
+                    hop: hop.to_string(),
+                })
+                .clone()
+        };
+        let per_hop = |make: &dyn Fn(Hop) -> HopMetrics| [make(Hop::Intake), make(Hop::Due)];
+        LadderMetrics {
+            hops: per_hop(&|h| HopMetrics {
+                received: hop(&self.received, h),
+                publish_failures: hop(&self.publish_failures, h),
+                returned: hop(&self.returned, h),
+                duration: self
+                    .hop_duration
+                    .get_or_create(&HopLabels {
+                        ladder: ladder.clone(),
+                        hop: h.to_string(),
+                    })
+                    .clone(),
+                in_flight: self
+                    .in_flight
+                    .get_or_create(&HopLabels {
+                        ladder: ladder.clone(),
+                        hop: h.to_string(),
+                    })
+                    .clone(),
+            }),
+            scheduled: spec
+                .tiers
+                .iter()
+                .map(|tier| {
+                    let labels = TierLabels {
+                        ladder: ladder.clone(),
+                        tier: tier.name.clone(),
+                    };
+                    (tier.name.clone(), self.scheduled.get_or_create(&labels).clone())
+                })
+                .collect(),
+            delivered: self
+                .delivered
+                .get_or_create(&LadderLabel { ladder: ladder.clone() })
+                .clone(),
+            lateness: self
+                .lateness
+                .get_or_create(&LadderLabel { ladder: ladder.clone() })
+                .clone(),
+            parked: ParkReason::ALL.map(|reason| {
+                let labels = ReasonLabels {
+                    ladder: ladder.clone(),
+                    reason: reason.code().to_string(),
+                };
+                self.parked.get_or_create(&labels).clone()
+            }),
+        }
+    }
+
+    /// Sets the ready-message count of one of `ladder`'s queues (`intake`, `due`, `parked`,
+    /// `delay.<tier>`).
+    pub fn set_queue_messages(&self, ladder: &str, queue: &str, messages: u64) {
+        let labels = QueueLabels {
+            ladder: ladder.to_string(),
+            queue: queue.to_string(),
+        };
+        self.queue_messages.get_or_create(&labels).set(messages as i64);
+    }
+
+    /// Records the result of one accounting check of `ladder`.
+    pub fn set_unaccounted(&self, ladder: &str, messages: u64) {
+        let labels = LadderLabel {
+            ladder: ladder.to_string(),
+        };
+        self.unaccounted.get_or_create(&labels).set(messages as i64);
+        if messages > 0 {
+            self.unaccounted_alarms.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// One hop's handles.
+#[derive(Debug, Clone)]
+pub struct HopMetrics {
+    /// Deliveries taken.
+    pub received: Counter,
+    /// Nacked publishes and refused parks.
+    pub publish_failures: Counter,
+    /// Returned publishes.
+    pub returned: Counter,
+    /// Receive-to-ack latency.
+    pub duration: Histogram,
+    /// Deliveries not yet settled.
+    pub in_flight: Gauge,
+}
+
+/// One ladder's handles, cheap to use from the hot path.
+#[derive(Debug, Clone)]
+pub struct LadderMetrics {
+    hops: [HopMetrics; 2],
+    scheduled: Vec<(String, Counter)>,
+    /// Retries delivered to their destination.
+    pub delivered: Counter,
+    /// Due-time lateness of delivered retries.
+    pub lateness: Histogram,
+    parked: [Counter; ParkReason::ALL.len()],
+}
+
+impl LadderMetrics {
+    /// The handles of `hop`.
+    pub fn hop(&self, hop: Hop) -> &HopMetrics {
+        match hop {
+            Hop::Intake => &self.hops[0],
+            Hop::Due => &self.hops[1],
+        }
+    }
+
+    /// Counts a retry scheduled into `tier`.
+    pub fn scheduled(&self, tier: &str) {
+        if let Some((_, counter)) = self.scheduled.iter().find(|(name, _)| name == tier) {
+            counter.inc();
+        }
+    }
+
+    /// Counts a delivered retry and its lateness.
+    pub fn delivered(&self, late: Duration) {
+        self.delivered.inc();
+        self.lateness.observe(late.as_secs_f64());
+    }
+
+    /// Counts a parked message.
+    pub fn parked(&self, reason: ParkReason) {
+        let index = ParkReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.parked[index].inc();
+    }
+
+    /// Total parked so far, all reasons.
+    pub fn parked_total(&self) -> u64 {
+        self.parked.iter().map(Counter::get).sum()
+    }
+
+    /// Total scheduled so far, all tiers.
+    pub fn scheduled_total(&self) -> u64 {
+        self.scheduled.iter().map(|(_, c)| c.get()).sum()
+    }
+}
+
+/// Keeps a gauge incremented while alive: one per message in flight.
+#[derive(Debug)]
+pub struct InFlight(Gauge);
+
+impl InFlight {
+    /// Increments `gauge` until dropped.
+    pub fn enter(gauge: &Gauge) -> Self {
+        gauge.inc();
+        InFlight(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ladder::{DeadLetterStrategy, QueueType};
+
+    #[test]
+    fn names_units_and_bounded_labels() {
+        let metrics = Metrics::new();
+        let spec = LadderSpec::new(
+            "orders".into(),
+            vec![Duration::from_secs(1), Duration::from_secs(10)],
+            3,
+            regex::RegexSet::new(["x"]).unwrap(),
+            QueueType::Quorum,
+            DeadLetterStrategy::AtLeastOnce,
+        );
+        let l = metrics.ladder(&spec);
+        l.hop(Hop::Intake).received.inc();
+        l.scheduled("10s");
+        l.delivered(Duration::from_millis(12));
+        l.parked(ParkReason::NoRoute);
+        metrics.set_queue_messages("orders", "delay.10s", 7);
+        let text = metrics.encode();
+        for line in [
+            "ladder_received_messages_total{ladder=\"orders\",hop=\"intake\"} 1",
+            "ladder_scheduled_messages_total{ladder=\"orders\",tier=\"10s\"} 1",
+            "ladder_scheduled_messages_total{ladder=\"orders\",tier=\"1s\"} 0",
+            "ladder_delivered_messages_total{ladder=\"orders\"} 1",
+            "ladder_parked_messages_total{ladder=\"orders\",reason=\"no-route\"} 1",
+            "ladder_parked_messages_total{ladder=\"orders\",reason=\"max-attempts\"} 0",
+            "ladder_lateness_seconds_count{ladder=\"orders\"} 1",
+            "ladder_queue_messages{ladder=\"orders\",queue=\"delay.10s\"} 7",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert_eq!(l.parked_total(), 1);
+        assert_eq!(l.scheduled_total(), 1);
+    }
+
+    #[test]
+    fn in_flight_guard_counts_up_and_down() {
+        let gauge = Gauge::default();
+        let a = InFlight::enter(&gauge);
+        let b = InFlight::enter(&gauge);
+        assert_eq!(gauge.get(), 2);
+        drop(a);
+        drop(b);
+        assert_eq!(gauge.get(), 0);
+    }
+}
