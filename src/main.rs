@@ -10,6 +10,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use ladder::config::{self, Config};
 use ladder::service::{self, ApplyError, State};
+use ladder::telemetry::{self, Telemetry};
 use ladder::topology;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -95,7 +96,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Apply => runtime().block_on(apply(&config)),
-        Command::Run => runtime().block_on(run(config)),
+        Command::Run => runtime().block_on(run(config, &env)),
     }
 }
 
@@ -124,12 +125,30 @@ async fn apply(config: &Config) -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> ExitCode {
+async fn run(config: Config, env: &HashMap<String, String>) -> ExitCode {
+    let provider = match telemetry::provider_from_env(env) {
+        Ok(provider) => provider,
+        Err(e) => {
+            eprintln!("ladder: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let state = Arc::new(State {
+        telemetry: provider.as_ref().map_or_else(Telemetry::disabled, Telemetry::new),
+        ..State::default()
+    });
+    info!(tracing = state.telemetry.enabled(), "telemetry");
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     info!(config = %config.file.display(), namespace = %config.namespace, ladders = config.ladders.len(), "starting");
-    let result = service::run(Arc::new(config), Arc::new(State::default()), shutdown).await;
+    let result = service::run(Arc::new(config), state, shutdown).await;
     signals.abort();
+    if let Some(provider) = provider {
+        // flush what the batch processor still holds
+        if let Err(e) = provider.shutdown() {
+            error!(error = %e, "cannot flush traces");
+        }
+    }
     match result {
         Ok(()) => {
             info!("stopped");

@@ -29,7 +29,7 @@ use crate::envelope::{Envelope, FORMAT, OriginalMessage};
 use crate::ladder::LadderSpec;
 use crate::metrics::{InFlight, LadderMetrics};
 use crate::protocol::{Decision, Forward, HopContext, Park, ParkReason, long_string};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{HopTrace, Telemetry};
 use crate::topology::Names;
 
 /// A park that the broker refused (the stream is missing or full) is retried after this long,
@@ -198,13 +198,21 @@ async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery
     let _in_flight = InFlight::enter(&metrics.in_flight);
     metrics.received.inc();
     let now = now_ms();
+    let props = &delivery.properties;
+    let trace = ladder
+        .telemetry
+        .start_hop(hop, &ladder.names, &ladder.spec.name, props, delivery.data.len(), now);
     let decision = match hop {
-        Hop::Intake => ladder.context().intake(&delivery.properties, now),
-        Hop::Due => ladder.context().due(&delivery.properties, now),
+        Hop::Intake => ladder.context().intake(props, now),
+        Hop::Due => ladder.context().due(props, now),
     };
+    if let Some(trace) = &trace {
+        trace.decided(&decision);
+    }
+    let trace = trace.as_ref();
     let settle = match decision {
-        Decision::Forward(forward) => forward_one(hop, &ladder, &channel, &delivery, *forward).await?,
-        Decision::Park(park) => park_one(hop, &ladder, &channel, &delivery, park).await?,
+        Decision::Forward(forward) => forward_one(hop, &ladder, &channel, &delivery, *forward, trace).await?,
+        Decision::Park(park) => park_one(hop, &ladder, &channel, &delivery, park, trace).await?,
     };
     match settle {
         Settle::Ack => {
@@ -213,6 +221,9 @@ async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery
         }
         Settle::RequeueAfter(pause) => {
             metrics.publish_failures.inc();
+            if let Some(trace) = trace {
+                trace.failed("publish-refused");
+            }
             tokio::time::sleep(pause).await;
             delivery
                 .acker
@@ -232,20 +243,17 @@ async fn forward_one(
     channel: &Channel,
     delivery: &Delivery,
     forward: Forward,
+    trace: Option<&HopTrace>,
 ) -> lapin::Result<Settle> {
-    let confirmation = channel
-        .basic_publish(
-            forward.exchange.as_str().into(),
-            forward.routing_key.as_str().into(),
-            BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
-            },
-            &delivery.data,
-            forward.properties,
-        )
-        .await?
-        .await?;
+    let confirmation = publish_confirmed(
+        channel,
+        trace,
+        &forward.exchange,
+        &forward.routing_key,
+        &delivery.data,
+        forward.properties,
+    )
+    .await?;
     match confirmation {
         Confirmation::Ack(None) => {
             match hop {
@@ -253,7 +261,7 @@ async fn forward_one(
                 Hop::Due => ladder.metrics.delivered(Duration::from_millis(forward.late_ms)),
             }
             debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
-                   routing_key = %forward.routing_key, late_ms = forward.late_ms, "forwarded");
+                   routing_key = %forward.routing_key, late_ms = forward.late_ms, trace_id = %trace_id(trace), "forwarded");
             Ok(Settle::Ack)
         }
         Confirmation::Ack(Some(returned)) => {
@@ -273,7 +281,7 @@ async fn forward_one(
                 attempts: Some(attempts),
                 first_failed_at_ms: None,
             };
-            park_one(hop, ladder, channel, delivery, park).await
+            park_one(hop, ladder, channel, delivery, park, trace).await
         }
         Confirmation::Nack(_) | Confirmation::NotRequested => {
             warn!(ladder = %ladder.spec.name, %hop, "broker refused a publish; the delivery will be requeued");
@@ -288,6 +296,7 @@ async fn park_one(
     channel: &Channel,
     delivery: &Delivery,
     park: Park,
+    trace: Option<&HopTrace>,
 ) -> lapin::Result<Settle> {
     let reason = park.reason;
     let envelope = Envelope {
@@ -323,21 +332,12 @@ async fn park_one(
     if let Some(id) = delivery.properties.message_id() {
         properties = properties.with_message_id(id.clone());
     }
-    let confirmation = channel
-        .basic_publish(
-            "".into(),
-            ladder.names.parked.as_str().into(),
-            BasicPublishOptions {
-                mandatory: true,
-                immediate: false,
-            },
-            &body,
-            properties,
-        )
-        .await?
-        .await?;
+    let confirmation = publish_confirmed(channel, trace, "", &ladder.names.parked, &body, properties).await?;
     if let Confirmation::Ack(None) = confirmation {
         ladder.metrics.parked(reason);
+        if let Some(trace) = trace {
+            trace.parked(reason.code());
+        }
         warn!(
             ladder = %envelope.ladder,
             %hop,
@@ -345,6 +345,7 @@ async fn park_one(
             destination = envelope.destination.as_deref().unwrap_or("-"),
             attempts = envelope.attempts.unwrap_or(0),
             detail = %envelope.detail,
+            trace_id = %trace_id(trace),
             "parked message"
         );
         return Ok(Settle::Ack);
@@ -356,6 +357,44 @@ async fn park_one(
         "the parking lot refused a message; it stays in its queue and is retried"
     );
     Ok(Settle::RequeueAfter(PARK_RETRY_DELAY))
+}
+
+/// Publishes persistent and mandatory, waits for the broker's confirm, and traces the send.
+async fn publish_confirmed(
+    channel: &Channel,
+    trace: Option<&HopTrace>,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+) -> lapin::Result<Confirmation> {
+    let (send, properties) = match trace {
+        Some(trace) => {
+            let (send, properties) = trace.send(exchange, routing_key, properties);
+            (Some(send), properties)
+        }
+        None => (None, properties),
+    };
+    let options = BasicPublishOptions {
+        mandatory: true,
+        immediate: false,
+    };
+    let confirmation = channel
+        .basic_publish(exchange.into(), routing_key.into(), options, body, properties)
+        .await?
+        .await?;
+    if let Some(send) = send {
+        send.finish(match &confirmation {
+            Confirmation::Ack(None) => None,
+            Confirmation::Ack(Some(_)) => Some("no-route"),
+            Confirmation::Nack(_) | Confirmation::NotRequested => Some("nacked"),
+        });
+    }
+    Ok(confirmation)
+}
+
+fn trace_id(trace: Option<&HopTrace>) -> String {
+    trace.map_or_else(|| "-".to_string(), HopTrace::trace_id)
 }
 
 /// Milliseconds since the Unix epoch.

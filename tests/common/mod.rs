@@ -92,6 +92,14 @@ impl TestLadder {
         t
     }
 
+    /// Like [`TestLadder::start`], with the service sharing `state` (e.g. an in-memory tracer).
+    pub async fn start_with_state(hint: &str, ladder_toml: &str, state: State) -> Self {
+        let mut t = Self::configure(hint, ladder_toml).await;
+        t.state = Arc::new(state);
+        t.start_service().await;
+        t
+    }
+
     /// Writes the config and connects the client, without starting the service.
     pub async fn configure(hint: &str, ladder_toml: &str) -> Self {
         let ns = unique_namespace(hint);
