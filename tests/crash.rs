@@ -260,16 +260,14 @@ async fn collect(
     deliveries
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn service_killed_with_hundreds_in_flight_loses_nothing() {
-    let mut t = Crash::configure("crash");
+/// A running service with a confirming client channel and a declared destination queue.
+async fn serving(hint: &str) -> (Crash, Connection, lapin::Channel, String) {
+    let mut t = Crash::configure(hint);
     let conn = connect().await;
-    let names = t.names.clone();
     let orders = format!("{}-orders", t.ns());
     t.queues.push(orders.clone());
-
     t.spawn();
-    wait_serving(&conn, &names).await;
+    wait_serving(&conn, &t.names).await;
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
     ch.queue_declare(
@@ -279,6 +277,13 @@ async fn service_killed_with_hundreds_in_flight_loses_nothing() {
     )
     .await
     .unwrap();
+    (t, conn, ch, orders)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_killed_with_hundreds_in_flight_loses_nothing() {
+    let (mut t, conn, ch, orders) = serving("crash").await;
+    let names = t.names.clone();
 
     // 600 failures, published back to back with every confirm in flight at once
     let deliver: Vec<String> = (0..TO_DELIVER).map(|i| format!("d{i}")).collect();
@@ -422,22 +427,8 @@ async fn service_killed_with_hundreds_in_flight_loses_nothing() {
 /// since the message was never acked. It must be parked as `invalid-header` instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_deeply_nested_header_is_parked_not_a_crash() {
-    let mut t = Crash::configure("deep");
-    let conn = connect().await;
+    let (mut t, conn, ch, orders) = serving("deep").await;
     let names = t.names.clone();
-    let orders = format!("{}-orders", t.ns());
-    t.queues.push(orders.clone());
-    t.spawn();
-    wait_serving(&conn, &names).await;
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
-    ch.queue_declare(
-        orders.as_str().into(),
-        QueueDeclareOptions::durable(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
 
     let mut deep = AMQPValue::Boolean(true);
     for _ in 0..3_000 {
