@@ -16,8 +16,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
@@ -32,12 +31,14 @@ use crate::protocol::{Decision, Forward, HopContext, Park, ParkReason, long_stri
 use crate::telemetry::{HopTrace, Telemetry};
 use crate::topology::Names;
 
-/// A park that the broker refused (the stream is missing or full) is retried after this long,
-/// by requeueing the delivery; the pause keeps a persistent fault from spinning the CPU.
-const PARK_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// First pause before publishing again after the broker nacked a publish or refused a park
+/// (the stream is missing). The delivery is held, not requeued: a requeue would come straight
+/// back, and on RabbitMQ 4.x each one counts against a quorum queue's delivery limit (20 by
+/// default), after which the broker drops the message.
+const RETRY_MIN: Duration = Duration::from_millis(500);
 
-/// A publish the broker nacked is retried (by requeueing the delivery) after this long.
-const NACK_RETRY_DELAY: Duration = Duration::from_millis(500);
+/// The pause doubles up to this; the held delivery occupies one prefetch slot meanwhile.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Which queue a loop consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,10 +187,10 @@ pub async fn serve(
     Ok(drained)
 }
 
-/// How a delivery is settled once its replacement is (or is not) safely with the broker.
+/// Whether a delivery's replacement is safely with the broker.
 enum Settle {
     Ack,
-    RequeueAfter(Duration),
+    Retry,
 }
 
 async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery: Delivery) -> lapin::Result<()> {
@@ -210,30 +211,26 @@ async fn handle(hop: Hop, ladder: Arc<LadderRuntime>, channel: Channel, delivery
         trace.decided(&decision);
     }
     let trace = trace.as_ref();
-    let settle = match decision {
-        Decision::Forward(forward) => forward_one(hop, &ladder, &channel, &delivery, *forward, trace).await?,
-        Decision::Park(park) => park_one(hop, &ladder, &channel, &delivery, park, trace).await?,
-    };
-    match settle {
-        Settle::Ack => {
-            delivery.acker.ack(Default::default()).await?;
-            metrics.duration.observe(started.elapsed().as_secs_f64());
-        }
-        Settle::RequeueAfter(pause) => {
-            metrics.publish_failures.inc();
-            if let Some(trace) = trace {
-                trace.failed("publish-refused");
+    let mut pause = RETRY_MIN;
+    loop {
+        let settle = match &decision {
+            Decision::Forward(forward) => forward_one(hop, &ladder, &channel, &delivery, forward, trace).await?,
+            Decision::Park(park) => park_one(hop, &ladder, &channel, &delivery, park, trace).await?,
+        };
+        match settle {
+            Settle::Ack => break,
+            Settle::Retry => {
+                metrics.publish_failures.inc();
+                if let Some(trace) = trace {
+                    trace.failed("publish-refused");
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
             }
-            tokio::time::sleep(pause).await;
-            delivery
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    multiple: false,
-                })
-                .await?;
         }
     }
+    delivery.acker.ack(Default::default()).await?;
+    metrics.duration.observe(started.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -242,7 +239,7 @@ async fn forward_one(
     ladder: &LadderRuntime,
     channel: &Channel,
     delivery: &Delivery,
-    forward: Forward,
+    forward: &Forward,
     trace: Option<&HopTrace>,
 ) -> lapin::Result<Settle> {
     let confirmation = publish_confirmed(
@@ -251,7 +248,7 @@ async fn forward_one(
         &forward.exchange,
         &forward.routing_key,
         &delivery.data,
-        forward.properties,
+        forward.properties.clone(),
     )
     .await?;
     match confirmation {
@@ -277,15 +274,15 @@ async fn forward_one(
             let park = Park {
                 reason: ParkReason::NoRoute,
                 detail,
-                destination: Some(forward.destination),
+                destination: Some(forward.destination.clone()),
                 attempts: Some(attempts),
                 first_failed_at_ms: None,
             };
-            park_one(hop, ladder, channel, delivery, park, trace).await
+            park_one(hop, ladder, channel, delivery, &park, trace).await
         }
         Confirmation::Nack(_) | Confirmation::NotRequested => {
-            warn!(ladder = %ladder.spec.name, %hop, "broker refused a publish; the delivery will be requeued");
-            Ok(Settle::RequeueAfter(NACK_RETRY_DELAY))
+            warn!(ladder = %ladder.spec.name, %hop, "broker refused a publish; holding the delivery and publishing again");
+            Ok(Settle::Retry)
         }
     }
 }
@@ -295,16 +292,16 @@ async fn park_one(
     ladder: &LadderRuntime,
     channel: &Channel,
     delivery: &Delivery,
-    park: Park,
+    park: &Park,
     trace: Option<&HopTrace>,
 ) -> lapin::Result<Settle> {
     let reason = park.reason;
     let envelope = Envelope {
         format: FORMAT.to_string(),
         reason: reason.code().to_string(),
-        detail: park.detail,
+        detail: park.detail.clone(),
         ladder: ladder.spec.name.clone(),
-        destination: park.destination,
+        destination: park.destination.clone(),
         attempts: park.attempts,
         first_failed_at_ms: park.first_failed_at_ms,
         parked_at_ms: now_ms(),
@@ -354,9 +351,9 @@ async fn park_one(
         ladder = %envelope.ladder,
         parked = %ladder.names.parked,
         reason = %envelope.reason,
-        "the parking lot refused a message; it stays in its queue and is retried"
+        "the parking lot refused a message; holding it and parking again"
     );
-    Ok(Settle::RequeueAfter(PARK_RETRY_DELAY))
+    Ok(Settle::Retry)
 }
 
 /// Publishes persistent and mandatory, waits for the broker's confirm, and traces the send.

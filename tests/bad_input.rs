@@ -384,3 +384,46 @@ async fn a_user_id_is_moved_into_a_header() {
     assert_eq!(int_header(&d, "retry-attempt"), Some(1));
     d.acker.ack(BasicAckOptions::default()).await.unwrap();
 }
+
+/// The parking lot itself can go missing (deleted by hand). A message that must be parked is
+/// then held — not requeued (which on RabbitMQ 4.x counts toward the delivery limit) and not
+/// dropped — and parked as soon as the stream is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_parking_lot_holds_the_message_until_it_is_back() {
+    let t = TestLadder::start("noparking", THREE_TIERS).await;
+    let stream = t.parked_stream();
+    t.channel
+        .queue_delete(stream.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    t.publish(
+        &t.intake(),
+        "",
+        b"held",
+        BasicProperties::default().with_message_id("held-1".into()),
+    )
+    .await;
+    // the refused park shows as a publish failure; the message is still unacked in intake
+    let failures = || {
+        t.state.metrics.encode().lines().any(|l| {
+            l.starts_with("ladder_publish_failures_total{") && l.contains("hop=\"intake\"") && !l.ends_with(" 0")
+        })
+    };
+    wait_until("the park is refused", failures).await;
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), text("stream"));
+    let ch = t.client.create_channel().await.unwrap();
+    ch.queue_declare(
+        stream.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    let parked = t.parked(1).await.remove(0);
+    assert_eq!(parked.reason, "no-destination");
+    assert_eq!(parked.message.body().unwrap(), b"held");
+}
