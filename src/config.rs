@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -26,6 +27,19 @@ const MAX_NAME_BYTES: usize = 255;
 /// Headers must fit one frame (frame_max defaults to 131072); keep room for properties and
 /// the headers the ladder adds itself.
 const MAX_HEADER_BYTES_LIMIT: usize = 120 * 1024;
+
+/// The admin server's default address: loopback only, so metrics and the ladder listing are not
+/// exposed beyond the host unless the operator says so; 9464 is the default port of
+/// OpenTelemetry's Prometheus exporter.
+const DEFAULT_ADMIN_BIND: &str = "127.0.0.1:9464";
+
+/// How often the depth poller reads the queues by default: one passive declare per queue every
+/// 5 s is negligible load on the broker and matches its own statistics interval.
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The shortest poll interval accepted: faster polling only adds broker load, and the broker
+/// refreshes some counts (stream lengths) no faster than every few seconds anyway.
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Prefix of the environment variables that override config keys (`LADDER_AMQP__URL`).
 pub const ENV_PREFIX: &str = "LADDER";
@@ -112,6 +126,15 @@ pub struct Limits {
     pub max_reason_bytes: usize,
 }
 
+/// The admin HTTP server and the depth poller that feeds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminConfig {
+    /// Where `/live`, `/ready`, `/metrics` and `/api/ladders` are served.
+    pub bind: SocketAddr,
+    /// How often the poller reads queue depths and checks the accounting identity.
+    pub poll_interval: Duration,
+}
+
 /// The validated configuration of one service instance.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -129,6 +152,8 @@ pub struct Config {
     pub limits: Limits,
     /// How long SIGTERM waits for in-flight work before giving up on it.
     pub shutdown_grace: Duration,
+    /// The admin server and the depth poller.
+    pub admin: AdminConfig,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -136,6 +161,8 @@ pub struct Config {
 struct RawConfig {
     #[serde(default)]
     amqp: RawAmqp,
+    #[serde(default)]
+    admin: RawAdmin,
     namespace: Option<String>,
     ladders_dir: Option<PathBuf>,
     prefetch: Option<u32>,
@@ -154,6 +181,14 @@ struct RawAmqp {
     reconnect_min: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     reconnect_max: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    bind: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    poll_interval: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -296,6 +331,8 @@ fn validate(
         ));
     }
 
+    let admin = validate_admin(file, &raw.admin)?;
+
     let ladders = raw_ladders
         .into_iter()
         .map(|(name, path, raw)| validate_ladder(&namespace, name, &path, raw))
@@ -318,7 +355,28 @@ fn validate(
             max_reason_bytes,
         },
         shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(10)),
+        admin,
     })
+}
+
+fn validate_admin(file: &Path, raw: &RawAdmin) -> Result<AdminConfig, ConfigError> {
+    let bind = raw.bind.as_deref().unwrap_or(DEFAULT_ADMIN_BIND);
+    let bind = bind.parse::<SocketAddr>().map_err(|e| {
+        ConfigError::new(
+            file,
+            "admin.bind",
+            format!("{bind:?} is not an address with a port (\"127.0.0.1:9464\", \"[::]:9464\"): {e}"),
+        )
+    })?;
+    let poll_interval = raw.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL);
+    if poll_interval < MIN_POLL_INTERVAL {
+        return Err(ConfigError::new(
+            file,
+            "admin.poll_interval",
+            format!("must be at least {}", humantime::format_duration(MIN_POLL_INTERVAL)),
+        ));
+    }
+    Ok(AdminConfig { bind, poll_interval })
 }
 
 fn check_namespace(namespace: &str) -> Result<(), String> {
@@ -449,6 +507,8 @@ mod tests {
         assert_eq!(c.limits.prefetch, 200);
         assert_eq!(c.limits.max_header_bytes, 16 * 1024);
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.admin.bind, "127.0.0.1:9464".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.admin.poll_interval, Duration::from_secs(5));
         let l = &c.ladders[0];
         assert_eq!(l.name, "default");
         assert_eq!(l.max_attempts, 3);
@@ -474,6 +534,25 @@ mod tests {
         assert_eq!(c.namespace, "b");
         assert_eq!(c.amqp.url.expose(), "amqp://x:secret@y:2/%2f");
         assert_eq!(c.limits.prefetch, 7);
+    }
+
+    #[test]
+    fn admin_table_sets_bind_and_poll_interval() {
+        let f = Fixture::new(
+            "[admin]\nbind = \"[::1]:9000\"\npoll_interval = \"100ms\"\n",
+            &[("default", GOOD_LADDER)],
+        );
+        let c = f.load(&[]).unwrap();
+        assert_eq!(c.admin.bind, "[::1]:9000".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.admin.poll_interval, Duration::from_millis(100));
+        let c = f
+            .load(&[
+                ("LADDER_ADMIN__BIND", "0.0.0.0:9464"),
+                ("LADDER_ADMIN__POLL_INTERVAL", "1m"),
+            ])
+            .unwrap();
+        assert_eq!(c.admin.bind, "0.0.0.0:9464".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.admin.poll_interval, Duration::from_secs(60));
     }
 
     #[test]
@@ -518,6 +597,13 @@ mod tests {
             ("max_header_bytes = 10", GOOD_LADDER, "max_header_bytes"),
             ("max_header_bytes = 1000000", GOOD_LADDER, "max_header_bytes"),
             ("max_reason_bytes = 1", GOOD_LADDER, "max_reason_bytes"),
+            ("[admin]\nbind = \"localhost\"", GOOD_LADDER, "admin.bind"),
+            ("[admin]\nbind = \"127.0.0.1\"", GOOD_LADDER, "admin.bind"),
+            ("[admin]\nbind = \"127.0.0.1:99999\"", GOOD_LADDER, "admin.bind"),
+            ("[admin]\npoll_interval = \"99ms\"", GOOD_LADDER, "admin.poll_interval"),
+            ("[admin]\npoll_interval = \"0s\"", GOOD_LADDER, "admin.poll_interval"),
+            ("[admin]\npoll_interval = \"often\"", GOOD_LADDER, "admin.poll_interval"),
+            ("[admin]\nport = 9464", GOOD_LADDER, "admin.port"),
             ("[amqp]\nurl = \"http://x\"", GOOD_LADDER, "amqp.url"),
             (
                 "[amqp]\nreconnect_min = \"1m\"\nreconnect_max = \"1s\"",

@@ -14,10 +14,13 @@
 /// committed, so a large value costs nothing until used.
 pub const DEEP_STACK_BYTES: usize = 256 * 1024 * 1024;
 
+pub mod accounting;
+pub mod admin;
 pub mod config;
 pub mod envelope;
 pub mod ladder;
 pub mod metrics;
+pub mod poller;
 pub mod protocol;
 pub mod relay;
 pub mod service;

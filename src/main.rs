@@ -6,21 +6,30 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ladder::admin;
 use ladder::config::{self, Config};
 use ladder::service::{self, ApplyError, State};
 use ladder::telemetry::{self, Telemetry};
 use ladder::topology;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{Instrument, error, info, info_span, warn};
 
 /// Invalid config (sysexits EX_USAGE): nothing touched the broker. (clap exits 2 on bad arguments.)
 const EXIT_CONFIG: u8 = 64;
-/// The broker could not be reached (EX_UNAVAILABLE).
+/// The broker could not be reached, or `run` cannot listen on `admin.bind` (the port is taken
+/// or not ours to use): a resource the service needs is unavailable (EX_UNAVAILABLE). Exiting
+/// beats running without health checks an orchestrator would then fail anyway.
 const EXIT_UNAVAILABLE: u8 = 69;
 /// The broker holds objects that contradict the config (EX_CONFIG).
 const EXIT_CONFLICT: u8 = 78;
+
+/// After the service drained, how long the admin server and the poller may take to stop (open
+/// HTTP requests finish, the poller closes its connection) before they are aborted.
+const ADMIN_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Parser)]
 #[command(
@@ -138,11 +147,29 @@ async fn run(config: Config, env: &HashMap<String, String>) -> ExitCode {
         ..State::default()
     });
     info!(tracing = state.telemetry.enabled(), "telemetry");
+    let listener = match TcpListener::bind(config.admin.bind).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            error!(bind = %config.admin.bind, error = %e, "cannot listen for the admin server (admin.bind)");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     info!(config = %config.file.display(), namespace = %config.namespace, ladders = config.ladders.len(), "starting");
-    let result = service::run(Arc::new(config), state, shutdown).await;
+    let config = Arc::new(config);
+    // The admin side stops only after the service drained, so /metrics can watch the drain.
+    let admin_stop = CancellationToken::new();
+    let mut admin = tokio::spawn(
+        admin::run(listener, config.clone(), state.clone(), admin_stop.clone()).instrument(info_span!("admin")),
+    );
+    let result = service::run(config, state, shutdown).await;
     signals.abort();
+    admin_stop.cancel();
+    if tokio::time::timeout(ADMIN_STOP_TIMEOUT, &mut admin).await.is_err() {
+        warn!(timeout = ?ADMIN_STOP_TIMEOUT, "the admin server did not stop in time; aborting it");
+        admin.abort();
+    }
     if let Some(provider) = provider {
         // flush what the batch processor still holds
         if let Err(e) = provider.shutdown() {

@@ -120,7 +120,7 @@ impl Metrics {
         registry.register("ladder_parked_messages", "Messages parked, by reason", m.parked.clone());
         registry.register(
             "ladder_publish_failures",
-            "Publishes the broker nacked or a park it refused; the delivery is requeued",
+            "Publishes the broker nacked or parks it refused; the delivery is held and published again",
             m.publish_failures.clone(),
         );
         registry.register(
@@ -145,7 +145,7 @@ impl Metrics {
         );
         registry.register(
             "ladder_queue_messages",
-            "Messages ready in a ladder's queues, read from the broker at an interval",
+            "Messages in a ladder's queues at the latest poll: ready messages; for the parked stream, its length",
             m.queue_messages.clone(),
         );
         registry.register(
@@ -169,6 +169,10 @@ impl Metrics {
     /// The handles one ladder's loops use.
     pub fn ladder(&self, spec: &LadderSpec) -> LadderMetrics {
         let ladder = spec.name.clone();
+        // the accounting series exist from the start, so `increase()` and absence alerts work
+        let label = LadderLabel { ladder: ladder.clone() };
+        let _ = self.unaccounted.get_or_create(&label);
+        let _ = self.unaccounted_alarms.get_or_create(&label);
         let hop = |family: &Family<HopLabels, Counter>, hop: Hop| {
             family
                 .get_or_create(&HopLabels {
@@ -235,6 +239,16 @@ impl Metrics {
             queue: queue.to_string(),
         };
         self.queue_messages.get_or_create(&labels).set(messages as i64);
+    }
+
+    /// Removes the count of one of `ladder`'s queues: the queue does not exist (any more), and
+    /// a stale value would pass for a depth.
+    pub fn clear_queue_messages(&self, ladder: &str, queue: &str) {
+        let labels = QueueLabels {
+            ladder: ladder.to_string(),
+            queue: queue.to_string(),
+        };
+        self.queue_messages.remove(&labels);
     }
 
     /// Records the result of one accounting check of `ladder`.
@@ -372,11 +386,15 @@ mod tests {
             "ladder_parked_messages_total{ladder=\"orders\",reason=\"max-attempts\"} 0",
             "ladder_lateness_seconds_count{ladder=\"orders\"} 1",
             "ladder_queue_messages{ladder=\"orders\",queue=\"delay.10s\"} 7",
+            "ladder_unaccounted_messages{ladder=\"orders\"} 0",
+            "ladder_unaccounted_alarms_total{ladder=\"orders\"} 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
         assert_eq!(l.parked_total(), 1);
         assert_eq!(l.scheduled_total(), 1);
+        metrics.clear_queue_messages("orders", "delay.10s");
+        assert!(!metrics.encode().contains("queue=\"delay.10s\""));
     }
 
     #[test]

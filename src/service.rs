@@ -38,7 +38,7 @@ impl Health {
         self.ready.load(Ordering::Relaxed)
     }
 
-    fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
     }
 }

@@ -49,6 +49,22 @@ impl Names {
         format!("{}.delay.{}", self.intake_exchange, tier.name)
     }
 
+    /// Every queue of the ladder with its role, the `queue` label of `ladder_queue_messages`:
+    /// `intake`, `due`, `parked`, then `delay.<tier>` shortest first.
+    pub fn queues(&self, spec: &LadderSpec) -> Vec<(String, String)> {
+        let mut queues = vec![
+            ("intake".to_string(), self.intake_queue.clone()),
+            ("due".to_string(), self.due.clone()),
+            ("parked".to_string(), self.parked.clone()),
+        ];
+        queues.extend(
+            spec.tiers
+                .iter()
+                .map(|tier| (format!("delay.{}", tier.name), self.tier_queue(tier))),
+        );
+        queues
+    }
+
     /// The longest name this ladder declares (for the 255-byte limit).
     pub fn longest_name(&self, spec: &LadderSpec) -> String {
         let mut names = vec![self.intake_queue.clone(), self.parked.clone()];
@@ -316,6 +332,19 @@ mod tests {
         assert_eq!(
             n.tier_queue(&Tier::new(Duration::from_millis(5_400_000))),
             "ns.orders.delay.1h30m"
+        );
+        let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        let queues = n.queues(&s);
+        let roles: Vec<(&str, &str)> = queues.iter().map(|(r, q)| (r.as_str(), q.as_str())).collect();
+        assert_eq!(
+            roles,
+            [
+                ("intake", "ns.orders.intake"),
+                ("due", "ns.orders.due"),
+                ("parked", "ns.orders.parked"),
+                ("delay.10s", "ns.orders.delay.10s"),
+                ("delay.1h", "ns.orders.delay.1h"),
+            ]
         );
     }
 

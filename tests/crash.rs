@@ -51,7 +51,8 @@ impl Crash {
     fn configure(hint: &str) -> Self {
         let ns = unique_namespace(hint);
         let dir = tempfile::tempdir().unwrap();
-        let config_path = write_config(dir.path(), &ns, "", "default", LADDER);
+        // an ephemeral admin port: both tests run a service at once, and 9464 may be taken
+        let config_path = write_config(dir.path(), &ns, ADMIN_ANY_PORT, "default", LADDER);
         let config = ladder::config::load(&config_path, &HashMap::new()).expect("test config is valid");
         let (mut queues, mut exchanges) = (vec![], vec![]);
         for d in topology::plan(&config) {

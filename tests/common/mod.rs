@@ -52,6 +52,10 @@ pub async fn connect() -> Connection {
         .expect("the test broker at 127.0.0.1:5672 accepts connections")
 }
 
+/// An `extra_main` for [`write_config`] that gives the admin server an ephemeral port, for tests
+/// that run the binary (`ladder run` binds `admin.bind`, 127.0.0.1:9464 by default).
+pub const ADMIN_ANY_PORT: &str = "[admin]\nbind = \"127.0.0.1:0\"";
+
 /// Writes `ladder.toml` and `ladders/<ladder>.toml` into `dir`, with `{ns}` in `ladder_toml`
 /// replaced by the namespace, and returns the config path.
 pub fn write_config(dir: &Path, ns: &str, extra_main: &str, ladder: &str, ladder_toml: &str) -> PathBuf {
@@ -97,6 +101,15 @@ impl TestLadder {
         let mut t = Self::configure(hint, ladder_toml).await;
         t.state = Arc::new(state);
         t.start_service().await;
+        t
+    }
+
+    /// Like [`TestLadder::configure`], with `extra_main` added to the service config (before its
+    /// `[amqp]` table, so it may open tables of its own, such as `[admin]`).
+    pub async fn configure_with(hint: &str, extra_main: &str, ladder_toml: &str) -> Self {
+        let mut t = Self::configure(hint, ladder_toml).await;
+        let path = write_config(t.dir.path(), &t.ns, extra_main, &t.ladder, ladder_toml);
+        t.config = Arc::new(ladder::config::load(&path, &HashMap::new()).expect("test config is valid"));
         t
     }
 
