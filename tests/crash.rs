@@ -163,15 +163,7 @@ impl Drop for Crash {
             }
         }
         let (queues, exchanges) = (std::mem::take(&mut self.queues), std::mem::take(&mut self.exchanges));
-        // Our own runtime on another thread: Drop may run while the test's runtime unwinds.
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(delete_all(queues, exchanges));
-        })
-        .join();
+        delete_all_blocking(queues, exchanges);
     }
 }
 

@@ -233,16 +233,18 @@ impl Drop for TestLadder {
         if let Some((token, _)) = self.service.take() {
             token.cancel();
         }
-        // Our own runtime on another thread: Drop may run while the test's runtime is unwinding.
-        let cleanup = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(delete_all(queues, exchanges));
-        });
-        let _ = cleanup.join();
+        delete_all_blocking(queues, exchanges);
     }
+}
+
+/// [`delete_all`] from a `Drop`: on a runtime of its own, on another thread, because Drop may
+/// run while the test's runtime is unwinding.
+pub fn delete_all_blocking(queues: Vec<String>, exchanges: Vec<String>) {
+    let cleanup = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(delete_all(queues, exchanges));
+    });
+    let _ = cleanup.join();
 }
 
 /// Deletes queues and exchanges, ignoring those already gone.
