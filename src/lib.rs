@@ -20,6 +20,7 @@ pub mod config;
 pub mod envelope;
 pub mod ladder;
 pub mod metrics;
+pub mod parking;
 pub mod poller;
 pub mod protocol;
 pub mod relay;

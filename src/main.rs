@@ -8,9 +8,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ladder::admin;
 use ladder::config::{self, Config};
+use ladder::parking::{self, ParkingLot};
 use ladder::service::{self, ApplyError, State};
 use ladder::telemetry::{self, Telemetry};
 use ladder::topology;
@@ -24,6 +26,10 @@ const EXIT_CONFIG: u8 = 64;
 /// or not ours to use): a resource the service needs is unavailable (EX_UNAVAILABLE). Exiting
 /// beats running without health checks an orchestrator would then fail anyway.
 const EXIT_UNAVAILABLE: u8 = 69;
+/// `ladder parked`: an entry failed, or the request could not be served (no such entry or ladder).
+const EXIT_FAILED: u8 = 1;
+/// `ladder parked replay|discard`: another one runs on the same ladder (EX_TEMPFAIL).
+const EXIT_BUSY: u8 = 75;
 /// The broker holds objects that contradict the config (EX_CONFIG).
 const EXIT_CONFLICT: u8 = 78;
 
@@ -55,6 +61,134 @@ enum Command {
     Plan,
     /// Declare the topology and exit.
     Apply,
+    /// Inspect, search, replay and discard parked messages.
+    Parked(Box<ParkedArgs>),
+}
+
+#[derive(clap::Args)]
+struct ParkedArgs {
+    /// The ladder whose parking lot to use (needed when the config has more than one).
+    #[arg(long, global = true)]
+    ladder: Option<String>,
+    #[command(subcommand)]
+    command: ParkedCommand,
+}
+
+#[derive(Subcommand)]
+enum ParkedCommand {
+    /// List parked messages, newest first (unresolved only, unless --all).
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Entries to print.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Newest matches to skip (paging).
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        /// Include replayed and discarded entries, with their resolution.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON (`{"total", "entries"}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print one entry in full: body, properties, headers, reason, attempts and times.
+    Show {
+        /// The entry's stream offset (first column of `list`).
+        offset: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Republish entries (by offset, or all unresolved ones matching the filters) to their queue.
+    Replay {
+        /// Stream offsets of the entries.
+        offsets: Vec<u64>,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Replay to this queue instead (it must pass the ladder's allow-list).
+        #[arg(long)]
+        to: Option<String>,
+        /// At most this many per second or minute: `50/s`, `100/m`.
+        #[arg(long)]
+        rate: Option<String>,
+        /// Only print what would be replayed.
+        #[arg(long)]
+        dry_run: bool,
+        /// Who asks, for the record and the log (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark entries (by offset, or all unresolved ones matching the filters) as discarded.
+    Discard {
+        /// Stream offsets of the entries.
+        offsets: Vec<u64>,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Do not ask for confirmation (required when stdin is not a terminal).
+        #[arg(long)]
+        yes: bool,
+        /// Who asks, for the record and the log (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct FilterArgs {
+    /// The queue it was headed for.
+    #[arg(long)]
+    destination: Option<String>,
+    /// The reason code (`max-attempts`, `no-route`, ...).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Parked at or after: a duration ago (`2h`) or an RFC 3339 time.
+    #[arg(long)]
+    since: Option<String>,
+    /// Parked at or before: a duration ago (`10m`) or an RFC 3339 time.
+    #[arg(long)]
+    until: Option<String>,
+    /// The original message id.
+    #[arg(long)]
+    message_id: Option<String>,
+    /// The original correlation id.
+    #[arg(long)]
+    correlation_id: Option<String>,
+    /// An original header's text value, `key=value` (repeatable; all must match).
+    #[arg(long = "header", value_name = "KEY=VALUE")]
+    headers: Vec<String>,
+    /// A substring of the (text) body.
+    #[arg(long)]
+    body_contains: Option<String>,
+}
+
+impl FilterArgs {
+    fn build(self, offsets: &[u64]) -> Result<parking::Filter, parking::ParkingError> {
+        let now = ladder::relay::now_ms();
+        Ok(parking::Filter {
+            offsets: (!offsets.is_empty()).then(|| offsets.iter().copied().collect()),
+            ladder: None,
+            destination: self.destination,
+            reason: self.reason,
+            since_ms: self.since.map(|t| parking::parse_time_bound(&t, now)).transpose()?,
+            until_ms: self.until.map(|t| parking::parse_time_bound(&t, now)).transpose()?,
+            message_id: self.message_id,
+            correlation_id: self.correlation_id,
+            headers: self
+                .headers
+                .iter()
+                .map(|h| parking::parse_header_filter(h))
+                .collect::<Result<_, _>>()?,
+            body_contains: self.body_contains,
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -106,7 +240,169 @@ fn main() -> ExitCode {
         }
         Command::Apply => runtime().block_on(apply(&config)),
         Command::Run => runtime().block_on(run(config, &env)),
+        Command::Parked(args) => match runtime().block_on(parked(&config, *args, &env)) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("ladder: {e:#}");
+                ExitCode::from(match e.downcast_ref::<parking::ParkingError>() {
+                    Some(parking::ParkingError::Broker(_) | parking::ParkingError::Timeout { .. }) => EXIT_UNAVAILABLE,
+                    Some(parking::ParkingError::Invalid(_)) => EXIT_CONFIG,
+                    Some(parking::ParkingError::Busy(_)) => EXIT_BUSY,
+                    _ => EXIT_FAILED,
+                })
+            }
+        },
     }
+}
+
+/// `ladder parked …`: resolve the ladder, connect, call the library, print.
+async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>) -> anyhow::Result<ExitCode> {
+    let spec = match (&args.ladder, config.ladders.as_slice()) {
+        (Some(name), ladders) => ladders
+            .iter()
+            .find(|l| &l.name == name)
+            .with_context(|| format!("no ladder {name:?} in {}", config.file.display()))?,
+        (None, [only]) => only,
+        (None, _) => anyhow::bail!("the config has several ladders; choose one with --ladder"),
+    };
+    let connection = service::connect(&config.amqp)
+        .await
+        .map_err(parking::ParkingError::from)
+        .with_context(|| format!("cannot reach the broker at {}", config.amqp.url))?;
+    let lot = ParkingLot::new(&connection, &config.namespace, spec);
+    let by = |by: Option<String>| {
+        by.or_else(|| env.get("USER").cloned())
+            .unwrap_or_else(|| "unknown".into())
+    };
+    let code = match args.command {
+        ParkedCommand::List {
+            filter,
+            limit,
+            offset,
+            all,
+            json,
+        } => {
+            let page = lot
+                .list(&filter.build(&[])?, parking::PageRequest { offset, limit }, all)
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&page)?);
+            } else {
+                print!("{}", parking::render_table(&page.entries));
+                println!(
+                    "{} of {} {} in {}",
+                    page.entries.len(),
+                    page.total,
+                    if all { "entries" } else { "unresolved entries" },
+                    lot.stream()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        ParkedCommand::Show { offset, json } => {
+            let entry = lot.show(offset).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entry)?);
+            } else {
+                print!("{}", parking::render_entry(lot.stream(), &entry));
+            }
+            ExitCode::SUCCESS
+        }
+        ParkedCommand::Replay {
+            offsets,
+            filter,
+            to,
+            rate,
+            dry_run,
+            by: who,
+            json,
+        } => {
+            let filter = filter.build(&offsets)?;
+            anyhow::ensure!(!filter.is_empty(), "give offsets or at least one filter");
+            let options = parking::ReplayOptions {
+                to,
+                rate: rate.map(|r| r.parse()).transpose()?,
+                dry_run,
+                by: by(who),
+            };
+            let lock = lot.lock().await?;
+            let selection = lot.select(&filter).await?;
+            info!(ladder = %spec.name, by = %options.by, entries = selection.entries.len(), dry_run, "replay requested");
+            let outcomes = lot.replay(&selection.entries, &options).await?;
+            lock.release().await;
+            report(&outcomes, selection.left_over, json)?
+        }
+        ParkedCommand::Discard {
+            offsets,
+            filter,
+            yes,
+            by: who,
+            json,
+        } => {
+            let filter = filter.build(&offsets)?;
+            anyhow::ensure!(!filter.is_empty(), "give offsets or at least one filter");
+            let lock = lot.lock().await?;
+            let selection = lot.select(&filter).await?;
+            if !yes && !selection.entries.is_empty() {
+                if !std::io::stdin().is_terminal() {
+                    eprintln!(
+                        "ladder: refusing to discard {} entries without --yes (stdin is not a terminal)",
+                        selection.entries.len()
+                    );
+                    lock.release().await;
+                    return Ok(ExitCode::from(EXIT_CONFIG));
+                }
+                print!("{}", parking::render_table(&selection.entries));
+                print!("discard these {} entries? [y/N] ", selection.entries.len());
+                std::io::Write::flush(&mut std::io::stdout())?;
+                let mut answer = String::new();
+                std::io::stdin().read_line(&mut answer)?;
+                if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                    println!("nothing discarded");
+                    lock.release().await;
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            let who = by(who);
+            info!(ladder = %spec.name, by = %who, entries = selection.entries.len(), "discard requested");
+            let outcomes = lot.discard(&selection.entries, &who).await?;
+            lock.release().await;
+            report(&outcomes, selection.left_over, json)?
+        }
+    };
+    let _ = tokio::time::timeout(parking::BROKER_TIMEOUT, connection.close(200, "done".into())).await;
+    Ok(code)
+}
+
+/// Prints the outcomes of a replay or discard; exit 1 ([`EXIT_FAILED`]) if any entry failed.
+fn report(outcomes: &[parking::Outcome], left_over: u64, json: bool) -> anyhow::Result<ExitCode> {
+    let failed = outcomes
+        .iter()
+        .filter(|o| matches!(o.status, parking::Status::Failed { .. }))
+        .count();
+    if json {
+        let out = serde_json::json!({ "outcomes": outcomes, "failed": failed, "left_over": left_over });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for o in outcomes {
+            let to = o.to.as_deref().unwrap_or("-");
+            match &o.status {
+                parking::Status::Replayed => println!("{}\treplayed to {to}", o.offset),
+                parking::Status::WouldReplay => println!("{}\twould replay to {to}", o.offset),
+                parking::Status::Discarded => println!("{}\tdiscarded", o.offset),
+                parking::Status::Failed { error } => println!("{}\tfailed: {error}", o.offset),
+            }
+        }
+        println!("{} entries, {failed} failed", outcomes.len());
+        if left_over > 0 {
+            println!("{left_over} more match; run again to continue");
+        }
+    }
+    Ok(if failed > 0 {
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -38,6 +38,8 @@ pub mod header {
     pub const RETRY_ORIGINAL_USER_ID: &str = "retry-original-user-id";
     /// The broker's dead-letter history.
     pub const X_DEATH: &str = "x-death";
+    /// Set on a message replayed from the parking lot: `<stream>@<offset>` of its parked record.
+    pub const RETRY_REPLAYED_FROM: &str = "retry-replayed-from";
 }
 
 /// Tables nested deeper than this are refused as `invalid-header`; it bounds recursion.
@@ -312,11 +314,48 @@ impl HopContext<'_> {
 
     /// Why the ladder may not deliver to `queue`, or `None` if it may.
     fn refuse_destination(&self, queue: &str) -> Option<String> {
-        if queue.starts_with(&self.names.prefix) || queue.starts_with("amq.") {
-            return Some(format!("{queue:?} belongs to the ladder's namespace or the broker"));
-        }
-        (!self.spec.allows(queue)).then(|| format!("{queue:?} is not in the allow-list of ladder {}", self.spec.name))
+        refuse_destination(self.spec, self.names, queue)
     }
+}
+
+/// Why ladder `spec` (named `names`) may not deliver to `queue`, or `None` if it may: the queue
+/// lies in the ladder's namespace or the broker's (`amq.`), or matches none of its `allow`
+/// regexes. The one rule for the due hop and for replays from the parking lot.
+pub fn refuse_destination(spec: &LadderSpec, names: &Names, queue: &str) -> Option<String> {
+    if queue.starts_with(&names.prefix) || queue.starts_with("amq.") {
+        return Some(format!("{queue:?} belongs to the ladder's namespace or the broker"));
+    }
+    (!spec.allows(queue)).then(|| format!("{queue:?} is not in the allow-list of ladder {}", spec.name))
+}
+
+/// Headers the ladder sets for one pass through it; a replay from the parking lot removes them
+/// so the message starts a fresh attempt count (`retry-first-failed-at` stays: it is lineage).
+const PER_PASS_HEADERS: [&str; 5] = [
+    header::RETRY_ATTEMPT,
+    header::RETRY_DUE_AT,
+    header::RETRY_TIER,
+    header::RETRY_DELAY,
+    header::RETRY_LADDER,
+];
+
+/// Properties to replay a parked message with: the same stripping as every republish (broker
+/// headers, `expiration`, `user_id` moved to `retry-original-user-id`, persistent), minus the
+/// per-pass ladder headers ([`PER_PASS_HEADERS`]) so the attempt count starts again, plus
+/// `extra` headers (the caller's lineage, e.g. `retry-replayed-from`).
+pub fn replay_properties(props: &BasicProperties, extra: &[(&str, AMQPValue)]) -> BasicProperties {
+    let empty = FieldTable::default();
+    let headers = props.headers().as_ref().unwrap_or(&empty);
+    let mut out = republished_headers(headers.inner());
+    for key in PER_PASS_HEADERS {
+        out.remove(key);
+    }
+    if let Some(user) = props.user_id() {
+        out.insert(header::RETRY_ORIGINAL_USER_ID.into(), long_string(user.as_str()));
+    }
+    for (key, value) in extra {
+        out.insert((*key).into(), value.clone());
+    }
+    republished_properties(props, out)
 }
 
 fn invalid(detail: String, destination: Option<String>, attempts: Option<u64>) -> Decision {

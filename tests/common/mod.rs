@@ -241,7 +241,10 @@ impl Drop for TestLadder {
 /// run while the test's runtime is unwinding.
 pub fn delete_all_blocking(queues: Vec<String>, exchanges: Vec<String>) {
     let cleanup = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(delete_all(queues, exchanges));
     });
     let _ = cleanup.join();
@@ -373,4 +376,37 @@ pub fn republish_props(d: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicProper
         headers.insert((*k).into(), v.clone());
     }
     d.properties.clone().with_headers(headers)
+}
+
+impl TestLadder {
+    /// The parking lot of this test's ladder, read through the library on the test's connection.
+    pub fn lot(&self) -> ladder::parking::ParkingLot<'_> {
+        ladder::parking::ParkingLot::new(&self.client, &self.ns, &self.config.ladders[0])
+    }
+
+    /// The config file the service runs with, for tests that run the binary against it.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("ladder.toml")
+    }
+}
+
+/// How many messages `queue` holds now (a passive declare on a channel of its own).
+pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
+    let ch = conn.create_channel().await.unwrap();
+    let q = tokio::time::timeout(
+        WAIT,
+        ch.queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("passive declare timed out")
+    .expect("the queue exists");
+    let _ = ch.close(200, "depth".into()).await;
+    q.message_count()
 }
