@@ -97,6 +97,13 @@ enum Sub {
     Hold(hold::HoldArgs),
     /// The ladder's own per-message decision work, timed without a broker.
     Decide(decide::DecideArgs),
+    /// Deletes what an interrupted run left on the broker: every queue and exchange named
+    /// `bench-<pid>-<n>…` (listed with `rabbitmqctl`, deleted over AMQP).
+    Cleanup {
+        /// Only names of this run (`bench-<pid>-`); default: every benchmark run's.
+        #[arg(long)]
+        pid: Option<u32>,
+    },
     /// Writes results.md and the plots again from a results.json (after a change of format).
     Render {
         /// The results.json of a run; the report goes next to it.
@@ -128,6 +135,7 @@ fn main() -> ExitCode {
         }
         Some(Sub::Decide(args)) => child(decide::run(args)),
         Some(Sub::Render { json }) => child(render(&json)),
+        Some(Sub::Cleanup { pid }) => child(runtime.block_on(cleanup(&cli.url, pid))),
         Some(Sub::All) | None => match runtime.block_on(bench(cli)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
@@ -340,6 +348,59 @@ fn write_report(results: &Results, out_dir: &Path) -> Result<()> {
     }
     std::fs::write(out_dir.join("results.md"), report::markdown(results, &plots))?;
     Ok(())
+}
+
+/// `ladder-bench cleanup`: names come from `rabbitmqctl` (AMQP cannot list them).
+async fn cleanup(url: &str, pid: Option<u32>) -> Result<()> {
+    let pattern = match pid {
+        Some(pid) => format!("^bench-{pid}-[0-9]+[.-]"),
+        None => "^bench-[0-9]+-[0-9]+[.-]".to_string(),
+    };
+    let ours = regex::Regex::new(&pattern)?;
+    let registry = Registry::default();
+    let mut found = 0;
+    for (what, args) in [
+        ("queue", ["-q", "list_queues", "name"]),
+        ("exchange", ["-q", "list_exchanges", "name"]),
+    ] {
+        let out = std::process::Command::new("timeout")
+            .arg("60")
+            .arg("rabbitmqctl")
+            .args(args)
+            .output()
+            .context("run rabbitmqctl")?;
+        if !out.status.success() {
+            return Err(anyhow!(
+                "rabbitmqctl {}: {}",
+                args[1],
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        for name in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|n| ours.is_match(n))
+        {
+            found += 1;
+            match what {
+                "queue" => registry.queue(name),
+                _ => registry.exchange(name),
+            }
+        }
+    }
+    let failures = registry.delete_all(url).await;
+    for f in &failures {
+        eprintln!("ladder-bench cleanup: {f}");
+    }
+    eprintln!(
+        "deleted {} of {found} queues and exchanges matching {pattern}",
+        found - failures.len()
+    );
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!("{} could not be deleted", failures.len()))
+    }
 }
 
 /// `ladder-bench render results.json`.

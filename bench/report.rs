@@ -204,7 +204,7 @@ pub fn verdicts(r: &Results) -> Vec<Verdict> {
     }
     if r.ladder_peak_rss_kb > 0 {
         v.push(Verdict {
-            what: "ladder peak RSS at load (VmHWM after capacity and fixed-rate steps)".into(),
+            what: "ladder peak RSS at load (VmHWM after every load step)".into(),
             measured: format!("{:.1} MB", r.ladder_peak_rss_kb as f64 / 1024.0),
             goal: "<= 40 MB".into(),
             result: mark(r.ladder_peak_rss_kb <= 40 * 1024),

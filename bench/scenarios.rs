@@ -240,7 +240,11 @@ impl Bench {
             _publish_conn: publish_conn,
             work: work.to_path_buf(),
             ladder_bin: ladder_bin.to_path_buf(),
-            self_exe: std::env::current_exe()?,
+            // the running image itself: a concurrent build may replace (delete) the file meanwhile
+            self_exe: match Path::new("/proc/self/exe") {
+                p if p.exists() => p.to_path_buf(),
+                _ => std::env::current_exe()?,
+            },
             ns: unique_ns(0),
             relay_ns: unique_ns(1),
             broker_pid: procs::broker_pid(),
