@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use common::*;
-use ladder::topology::{self, Declaration};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 
@@ -73,14 +72,7 @@ struct Cleanup {
 impl Cleanup {
     fn for_config(path: &Path) -> Self {
         let config = ladder::config::load(path, &HashMap::new()).expect("test config is valid");
-        let (mut queues, mut exchanges) = (vec![], vec![]);
-        for d in topology::plan(&config) {
-            match d {
-                Declaration::Queue { name, .. } => queues.push(name),
-                Declaration::Exchange { name, .. } => exchanges.push(name),
-                Declaration::Binding { .. } => {}
-            }
-        }
+        let (queues, exchanges) = declared_names(&config);
         Cleanup { queues, exchanges }
     }
 }

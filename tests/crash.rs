@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::future::try_join_all;
 use ladder::envelope::Envelope;
-use ladder::topology::{self, Declaration, Names};
+use ladder::topology::Names;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
     QueueDeclareOptions,
@@ -54,14 +54,7 @@ impl Crash {
         // an ephemeral admin port: both tests run a service at once, and 9464 may be taken
         let config_path = write_config(dir.path(), &ns, ADMIN_ANY_PORT, "default", LADDER);
         let config = ladder::config::load(&config_path, &HashMap::new()).expect("test config is valid");
-        let (mut queues, mut exchanges) = (vec![], vec![]);
-        for d in topology::plan(&config) {
-            match d {
-                Declaration::Queue { name, .. } => queues.push(name),
-                Declaration::Exchange { name, .. } => exchanges.push(name),
-                Declaration::Binding { .. } => {}
-            }
-        }
+        let (queues, exchanges) = declared_names(&config);
         Crash {
             names: Names::new(&ns, "default"),
             dir,

@@ -221,20 +221,27 @@ impl TestLadder {
 
 impl Drop for TestLadder {
     fn drop(&mut self) {
-        let mut queues: Vec<String> = self.extra_queues.clone();
-        let mut exchanges: Vec<String> = self.extra_exchanges.clone();
-        for d in topology::plan(&self.config) {
-            match d {
-                Declaration::Queue { name, .. } => queues.push(name),
-                Declaration::Exchange { name, .. } => exchanges.push(name),
-                Declaration::Binding { .. } => {}
-            }
-        }
+        let (mut queues, mut exchanges) = declared_names(&self.config);
+        queues.extend(self.extra_queues.iter().cloned());
+        exchanges.extend(self.extra_exchanges.iter().cloned());
         if let Some((token, _)) = self.service.take() {
             token.cancel();
         }
         delete_all_blocking(queues, exchanges);
     }
+}
+
+/// The queues and the exchanges `config` declares, for cleanup.
+pub fn declared_names(config: &Config) -> (Vec<String>, Vec<String>) {
+    let (mut queues, mut exchanges) = (vec![], vec![]);
+    for d in topology::plan(config) {
+        match d {
+            Declaration::Queue { name, .. } => queues.push(name),
+            Declaration::Exchange { name, .. } => exchanges.push(name),
+            Declaration::Binding { .. } => {}
+        }
+    }
+    (queues, exchanges)
 }
 
 /// [`delete_all`] from a `Drop`: on a runtime of its own, on another thread, because Drop may
