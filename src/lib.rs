@@ -19,6 +19,7 @@ pub mod admin;
 pub mod config;
 pub mod envelope;
 pub mod ladder;
+pub mod lot_index;
 pub mod metrics;
 pub mod parking;
 pub mod poller;
