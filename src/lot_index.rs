@@ -152,6 +152,15 @@ fn hash(text: Option<&str>) -> u64 {
     h.finish().max(1)
 }
 
+/// Unresolved entries per destination (`-` for none) and per reason, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UnresolvedCounts {
+    /// Count per destination.
+    pub by_destination: Vec<(String, u64)>,
+    /// Count per reason.
+    pub by_reason: Vec<(String, u64)>,
+}
+
 /// A [`LotIndex`] shared between the task that follows the stream and the requests that read
 /// it. Locks are held only for in-memory work, never across an await.
 #[derive(Debug, Clone, Default)]
@@ -234,11 +243,11 @@ impl LotIndex {
         self.next = Some(offset + 1);
         match record {
             Indexed::Entry(e) => {
-                if self.rows.len() >= MAX_INDEXED_ENTRIES {
-                    if let Some(old) = self.rows.pop_front() {
-                        self.resolutions.remove(&old.offset);
-                        self.dropped += 1;
-                    }
+                if self.rows.len() >= MAX_INDEXED_ENTRIES
+                    && let Some(old) = self.rows.pop_front()
+                {
+                    self.resolutions.remove(&old.offset);
+                    self.dropped += 1;
                 }
                 self.rows.push_back(Row {
                     offset,
@@ -352,7 +361,7 @@ impl LotIndex {
     }
 
     /// Unresolved entries per destination and per reason, for an overview.
-    pub fn unresolved_counts(&self) -> (Vec<(String, u64)>, Vec<(String, u64)>) {
+    pub fn unresolved_counts(&self) -> UnresolvedCounts {
         let mut by_destination: HashMap<u32, u64> = HashMap::new();
         let mut by_reason: HashMap<u32, u64> = HashMap::new();
         for row in self.rows.iter().filter(|r| !r.resolved) {
@@ -367,10 +376,10 @@ impl LotIndex {
             out.sort();
             out
         };
-        (
-            named(&self.destinations, by_destination),
-            named(&self.reasons, by_reason),
-        )
+        UnresolvedCounts {
+            by_destination: named(&self.destinations, by_destination),
+            by_reason: named(&self.reasons, by_reason),
+        }
     }
 }
 
@@ -492,13 +501,13 @@ mod tests {
 
     #[test]
     fn unresolved_counts_group_by_destination_and_reason() {
-        let (by_destination, by_reason) = index().unresolved_counts();
+        let counts = index().unresolved_counts();
         assert_eq!(
-            by_destination,
+            counts.by_destination,
             vec![("-".into(), 1), ("billing".into(), 1), ("orders".into(), 2)]
         );
         assert_eq!(
-            by_reason,
+            counts.by_reason,
             vec![("invalid-header".into(), 1), ("max-attempts".into(), 3)]
         );
     }

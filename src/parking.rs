@@ -606,7 +606,7 @@ impl<'a> ParkingLot<'a> {
         if !filter.needs_records() {
             let found = index.read().page(filter, include_resolved, page.offset, page.limit);
             let mut entries = self.entries(index, &found.offsets).await?;
-            entries.sort_by(|a, b| b.offset.cmp(&a.offset));
+            entries.sort_by_key(|e| std::cmp::Reverse(e.offset));
             return Ok(Page {
                 total: found.total,
                 entries,
