@@ -105,6 +105,9 @@ pub enum ParkingError {
     /// No entry at this offset.
     #[error("no parked entry at offset {0}")]
     NotFound(u64),
+    /// No ladder of this name in the config.
+    #[error("no ladder {0:?}")]
+    UnknownLadder(String),
     /// A record could not be decoded.
     #[error(transparent)]
     Envelope(#[from] EnvelopeError),
@@ -390,7 +393,7 @@ pub struct Page {
 }
 
 /// Which page of a listing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRequest {
     /// Newest matches to skip.
     pub offset: usize,
@@ -1077,7 +1080,8 @@ async fn publish(
     bounded("waiting for the publish confirm", confirm).await
 }
 
-fn format_time(ms: u64) -> String {
+/// `ms` since the epoch as RFC 3339, to the second (UTC).
+pub fn format_time(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
