@@ -1151,8 +1151,9 @@ fn describe_resolution(r: &Resolution) -> String {
     format!("{action} by {} at {}", r.by, format_time(r.at_ms))
 }
 
-/// One entry in full: reason and detail, attempts and times, properties, headers (with their
-/// AMQP types) and the body — as text when it is UTF-8, otherwise as hex.
+/// One entry in full: reason and detail, attempts and times, the attempt history and lineage,
+/// properties, headers (with their AMQP types) and the body — as text when it is UTF-8,
+/// otherwise as hex.
 pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     let e = &entry.envelope;
     let mut out = String::new();
@@ -1168,6 +1169,23 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     );
     if let Some(first) = e.first_failed_at_ms {
         let _ = writeln!(out, "first failed {}", format_time(first));
+    }
+    if let Some(from) = &e.replayed_from {
+        let _ = writeln!(out, "replayed from {from}");
+    }
+    if !e.history.is_empty() {
+        let _ = writeln!(out, "history");
+        let attempt_width = e.history.iter().map(|h| h.attempt.to_string().len()).max().unwrap_or(0);
+        let tier_width = e.history.iter().map(|h| h.tier.chars().count()).max().unwrap_or(0);
+        for h in &e.history {
+            let _ = writeln!(
+                out,
+                "  attempt {:<attempt_width$}  tier {:<tier_width$}  failed at {}",
+                h.attempt,
+                h.tier,
+                format_time(h.failed_at_ms)
+            );
+        }
     }
     let _ = writeln!(out, "parked at    {} (hop {})", format_time(e.parked_at_ms), e.hop);
     let _ = writeln!(
@@ -1242,6 +1260,7 @@ pub fn original_headers(e: &Envelope) -> Result<FieldTable, EnvelopeError> {
 mod tests {
     use super::*;
     use crate::envelope::{FORMAT, OriginalMessage};
+    use crate::protocol::HistoryEntry;
 
     fn envelope(
         reason: &str,
@@ -1258,6 +1277,8 @@ mod tests {
             destination: destination.map(str::to_string),
             attempts: Some(3),
             first_failed_at_ms: Some(1),
+            history: Vec::new(),
+            replayed_from: None,
             parked_at_ms,
             hop: "intake".into(),
             message: OriginalMessage::capture("ns.default", "", &props, body),
@@ -1577,5 +1598,41 @@ mod tests {
         assert!(text.contains("n (long-int) = 7"), "{text}");
         entry.envelope = envelope("no-route", Some("orders"), 0, props, &[0, 1, 0xff]);
         assert!(render_entry("s", &entry).contains("body (3 bytes, hex)\n00000000  00 01 ff"));
+    }
+
+    #[test]
+    fn show_prints_the_history_and_where_it_was_replayed_from() {
+        let mut entry = ParkedEntry {
+            offset: 9,
+            envelope: envelope("max-attempts", Some("orders"), 0, BasicProperties::default(), b""),
+            resolution: None,
+        };
+        let plain = render_entry("s", &entry);
+        assert!(
+            !plain.contains("history") && !plain.contains("replayed from"),
+            "{plain}"
+        );
+        entry.envelope.history = vec![
+            HistoryEntry {
+                attempt: 1,
+                tier: "1s".into(),
+                failed_at_ms: 1_000,
+            },
+            HistoryEntry {
+                attempt: 2,
+                tier: "10s".into(),
+                failed_at_ms: 2_500,
+            },
+        ];
+        entry.envelope.replayed_from = Some("s@3".into());
+        let text = render_entry("s", &entry);
+        assert!(
+            text.contains(
+                "replayed from s@3\nhistory\n\
+                 \x20 attempt 1  tier 1s   failed at 1970-01-01T00:00:01Z\n\
+                 \x20 attempt 2  tier 10s  failed at 1970-01-01T00:00:02Z\nparked at"
+            ),
+            "{text}"
+        );
     }
 }
