@@ -1,10 +1,12 @@
-//! The admin HTTP server: `/live`, `/ready`, `/metrics` and `/api/ladders`, and [`run`], which
-//! serves them beside the depth poller ([`crate::poller`]) that feeds `/api/ladders` and the
-//! queue-depth metrics.
+//! The admin HTTP server: `/live`, `/ready`, `/metrics` and `/api/ladders`, the parking-lot API
+//! ([`crate::api`]) and the operator web page ([`crate::web`]), and [`run`], which serves them
+//! beside the depth poller ([`crate::poller`]) and the parking-lot followers
+//! ([`crate::operator`]).
 //!
-//! It only reads what the service and the poller share ([`State`], the latest [`Snapshot`]):
-//! it must not talk to the broker, and it is off the worker path — a slow scrape or a stuck
-//! client cannot hold up a relay loop, and the relay never waits for it.
+//! Health and metrics only read what the service and the poller share ([`State`], the latest
+//! [`Snapshot`]); the parking-lot routes use the [`Desk`]'s own connection. All of it is off the
+//! worker path — a slow scrape, a long replay or a stuck client cannot hold up a relay loop,
+//! and the relay never waits for it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use axum::Router;
 use axum::extract::State as Extract;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -24,9 +26,11 @@ use tracing::{Instrument, error, info, info_span};
 
 use crate::accounting::Counters;
 use crate::config::Config;
+use crate::operator::Desk;
 use crate::poller::{self, AccountingStatus, Rates, Snapshot};
 use crate::service::State;
 use crate::topology::Names;
+use crate::{api, web};
 
 /// The content type of `/metrics`: prometheus-client writes the OpenMetrics text format.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -40,6 +44,8 @@ pub struct AdminState {
     pub config: Arc<Config>,
     /// The poller's latest snapshot; `None` until its first poll.
     pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// The parking lots.
+    pub desk: Arc<Desk>,
 }
 
 impl AdminState {
@@ -47,6 +53,7 @@ impl AdminState {
     pub fn new(config: Arc<Config>, service: Arc<State>, snapshots: watch::Receiver<Option<Arc<Snapshot>>>) -> Self {
         AdminState {
             service,
+            desk: Arc::new(Desk::new(config.clone())),
             config,
             snapshots,
         }
@@ -60,6 +67,21 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/api/ladders", get(ladders))
+        .route("/api/ladders/{ladder}/parked", get(api::list))
+        .route("/api/ladders/{ladder}/parked/replay", post(api::replay))
+        .route("/api/ladders/{ladder}/parked/discard", post(api::discard))
+        .route("/api/ladders/{ladder}/parked/{offset}", get(api::show))
+        .route("/", get(web::overview))
+        .route("/ladders/{ladder}/parked", get(web::list))
+        .route("/ladders/{ladder}/parked/{offset}", get(web::entry))
+        .route(
+            "/ladders/{ladder}/parked/{offset}/{action}",
+            get(web::confirm_one).post(web::act_on_one),
+        )
+        .route(
+            "/ladders/{ladder}/matching/{action}",
+            get(web::confirm_matching).post(web::act_on_matching),
+        )
         .with_state(state)
 }
 
@@ -86,6 +108,14 @@ pub async fn run(
     let address = listener.local_addr()?;
     let mut tasks = JoinSet::new();
     let poll = poller::run(config, service, publish, shutdown.clone());
+    let follow = state.desk.clone().follow(shutdown.clone());
+    tasks.spawn(
+        async move {
+            follow.await;
+            Ok(())
+        }
+        .instrument(info_span!("parking-lots")),
+    );
     tasks.spawn(
         async move {
             poll.await;
@@ -133,48 +163,48 @@ async fn ladders(Extract(state): Extract<Arc<AdminState>>) -> Json<LaddersView> 
     Json(LaddersView::new(&state.config, snapshot.as_deref()))
 }
 
-/// `/api/ladders`.
+/// `/api/ladders` (and the web page's overview).
 #[derive(Debug, Serialize)]
-struct LaddersView {
-    namespace: String,
-    poll_interval_ms: u64,
+pub(crate) struct LaddersView {
+    pub(crate) namespace: String,
+    pub(crate) poll_interval_ms: u64,
     /// When the latest poll ended (ms since the epoch); `null` before the first.
-    polled_at_ms: Option<u64>,
+    pub(crate) polled_at_ms: Option<u64>,
     /// Why the latest poll could not read the broker.
-    broker_error: Option<String>,
-    ladders: Vec<LadderView>,
+    pub(crate) broker_error: Option<String>,
+    pub(crate) ladders: Vec<LadderView>,
 }
 
 #[derive(Debug, Serialize)]
-struct LadderView {
-    name: String,
-    exchange: String,
-    tiers: Vec<TierView>,
-    max_attempts: u32,
-    allow: Vec<String>,
-    queue_type: &'static str,
-    dead_letter_strategy: &'static str,
+pub(crate) struct LadderView {
+    pub(crate) name: String,
+    pub(crate) exchange: String,
+    pub(crate) tiers: Vec<TierView>,
+    pub(crate) max_attempts: u32,
+    pub(crate) allow: Vec<String>,
+    pub(crate) queue_type: &'static str,
+    pub(crate) dead_letter_strategy: &'static str,
     /// Queue name per role (`intake`, `due`, `parked`, `delay.<tier>`).
-    queues: BTreeMap<String, String>,
+    pub(crate) queues: BTreeMap<String, String>,
     /// Message count per role from the latest poll (`null` for a missing queue); `null` before
     /// the first poll or when it could not read the broker.
-    depths: Option<BTreeMap<String, Option<u64>>>,
+    pub(crate) depths: Option<BTreeMap<String, Option<u64>>>,
     /// Per-second rates between the two latest polls.
-    rates: Option<Rates>,
+    pub(crate) rates: Option<Rates>,
     /// This process's counters at the latest poll.
-    totals: Option<Counters>,
-    accounting: Option<AccountingStatus>,
+    pub(crate) totals: Option<Counters>,
+    pub(crate) accounting: Option<AccountingStatus>,
 }
 
 #[derive(Debug, Serialize)]
-struct TierView {
-    name: String,
-    delay_ms: u64,
-    queue: String,
+pub(crate) struct TierView {
+    pub(crate) name: String,
+    pub(crate) delay_ms: u64,
+    pub(crate) queue: String,
 }
 
 impl LaddersView {
-    fn new(config: &Config, snapshot: Option<&Snapshot>) -> Self {
+    pub(crate) fn new(config: &Config, snapshot: Option<&Snapshot>) -> Self {
         let ladders = config
             .ladders
             .iter()

@@ -5,7 +5,7 @@
 //! `ladder check` can print it and exit 64 before anything touches the broker. No I/O here
 //! but reading the files; the environment is handed in as a map so tests never mutate it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,10 @@ const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// The shortest poll interval accepted: faster polling only adds broker load, and the broker
 /// refreshes some counts (stream lengths) no faster than every few seconds anyway.
 const MIN_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The shortest replay/discard token accepted: 16 random characters are beyond guessing over
+/// HTTP, and shorter ones are usually placeholders left in a config.
+const MIN_TOKEN_CHARS: usize = 16;
 
 /// Prefix of the environment variables that override config keys (`LADDER_AMQP__URL`).
 pub const ENV_PREFIX: &str = "LADDER";
@@ -127,12 +131,30 @@ pub struct Limits {
 }
 
 /// The admin HTTP server and the depth poller that feeds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminConfig {
-    /// Where `/live`, `/ready`, `/metrics` and `/api/ladders` are served.
+    /// Where `/live`, `/ready`, `/metrics`, the parking-lot API and the web page are served.
     pub bind: SocketAddr,
     /// How often the poller reads queue depths and checks the accounting identity.
     pub poll_interval: Duration,
+    /// Who may replay and discard over HTTP, by name; none configured means nobody may.
+    pub tokens: Vec<OperatorToken>,
+}
+
+/// A named token that allows replay and discard over HTTP; the name is who asked, in the log
+/// and in the resolution record.
+#[derive(Clone, PartialEq, Eq)]
+pub struct OperatorToken {
+    /// Who holds it.
+    pub name: String,
+    /// The secret; never printed.
+    pub token: String,
+}
+
+impl fmt::Debug for OperatorToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OperatorToken({}, ***)", self.name)
+    }
 }
 
 /// The validated configuration of one service instance.
@@ -189,6 +211,8 @@ struct RawAdmin {
     bind: Option<String>,
     #[serde(default, with = "humantime_serde")]
     poll_interval: Option<Duration>,
+    #[serde(default)]
+    tokens: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -376,7 +400,37 @@ fn validate_admin(file: &Path, raw: &RawAdmin) -> Result<AdminConfig, ConfigErro
             format!("must be at least {}", humantime::format_duration(MIN_POLL_INTERVAL)),
         ));
     }
-    Ok(AdminConfig { bind, poll_interval })
+    let mut tokens = Vec::with_capacity(raw.tokens.len());
+    for (name, token) in &raw.tokens {
+        let key = format!("admin.tokens.{name}");
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(ConfigError::new(
+                file,
+                key.as_str(),
+                "a token's name must be non-empty and use only letters, digits, '-', '_' and '.'",
+            ));
+        }
+        if token.chars().count() < MIN_TOKEN_CHARS {
+            return Err(ConfigError::new(
+                file,
+                key.as_str(),
+                format!("must be at least {MIN_TOKEN_CHARS} characters (it guards replay and discard)"),
+            ));
+        }
+        tokens.push(OperatorToken {
+            name: name.clone(),
+            token: token.clone(),
+        });
+    }
+    Ok(AdminConfig {
+        bind,
+        poll_interval,
+        tokens,
+    })
 }
 
 fn check_namespace(namespace: &str) -> Result<(), String> {
@@ -537,6 +591,34 @@ mod tests {
     }
 
     #[test]
+    fn tokens_are_named_and_never_printed() {
+        let f = Fixture::new(
+            "[admin.tokens]\nalice = \"0123456789abcdef\"\n",
+            &[("default", GOOD_LADDER)],
+        );
+        let c = f
+            .load(&[("LADDER_ADMIN__TOKENS__BOB", "fedcba9876543210-bob")])
+            .unwrap();
+        let names: Vec<_> = c.admin.tokens.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["alice", "bob"]);
+        assert_eq!(c.admin.tokens[1].token, "fedcba9876543210-bob");
+        let printed = format!("{c:?}");
+        assert!(
+            !printed.contains("0123456789abcdef") && printed.contains("alice"),
+            "{printed}"
+        );
+        assert!(f.load(&[]).unwrap().admin.tokens.len() == 1);
+        assert!(
+            Fixture::new("", &[("default", GOOD_LADDER)])
+                .load(&[])
+                .unwrap()
+                .admin
+                .tokens
+                .is_empty()
+        );
+    }
+
+    #[test]
     fn admin_table_sets_bind_and_poll_interval() {
         let f = Fixture::new(
             "[admin]\nbind = \"[::1]:9000\"\npoll_interval = \"100ms\"\n",
@@ -598,6 +680,16 @@ mod tests {
             ("max_header_bytes = 1000000", GOOD_LADDER, "max_header_bytes"),
             ("max_reason_bytes = 1", GOOD_LADDER, "max_reason_bytes"),
             ("[admin]\nbind = \"localhost\"", GOOD_LADDER, "admin.bind"),
+            (
+                "[admin.tokens]\nalice = \"too-short\"",
+                GOOD_LADDER,
+                "admin.tokens.alice",
+            ),
+            (
+                "[admin.tokens]\n\"a b\" = \"0123456789abcdef\"",
+                GOOD_LADDER,
+                "admin.tokens.a b",
+            ),
             ("[admin]\nbind = \"127.0.0.1\"", GOOD_LADDER, "admin.bind"),
             ("[admin]\nbind = \"127.0.0.1:99999\"", GOOD_LADDER, "admin.bind"),
             ("[admin]\npoll_interval = \"99ms\"", GOOD_LADDER, "admin.poll_interval"),

@@ -13,6 +13,8 @@ use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable, L
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
+use crate::protocol::HistoryEntry;
+
 /// The format tag every envelope carries.
 pub const FORMAT: &str = "ladder.parked/v1";
 
@@ -33,6 +35,13 @@ pub struct Envelope {
     pub attempts: Option<u64>,
     /// First failure, ms since the epoch, if known.
     pub first_failed_at_ms: Option<u64>,
+    /// Each retry scheduled (attempt, tier, failure time), oldest first, from the message's
+    /// `retry-history`; absent in records written before it existed, and when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+    /// The parked record (`<stream>@<offset>`) the message was replayed from, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_from: Option<String>,
     /// When it was parked, ms since the epoch.
     pub parked_at_ms: u64,
     /// Where the service took it from: `intake` or `due`.
@@ -445,6 +454,8 @@ mod tests {
                 destination: None,
                 attempts: None,
                 first_failed_at_ms: None,
+                history: Vec::new(),
+                replayed_from: None,
                 parked_at_ms: 1,
                 hop: "intake".into(),
                 message: OriginalMessage::capture("x", "", &props, b"body"),
@@ -459,6 +470,96 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    fn parked_with_history() -> Envelope {
+        let props = BasicProperties::default().with_message_id("m-1".into());
+        Envelope {
+            format: FORMAT.into(),
+            reason: "max-attempts".into(),
+            detail: "failed after 2 retries; ladder default allows 2".into(),
+            ladder: "default".into(),
+            destination: Some("orders".into()),
+            attempts: Some(2),
+            first_failed_at_ms: Some(1_000),
+            history: vec![
+                HistoryEntry {
+                    attempt: 1,
+                    tier: "1s".into(),
+                    failed_at_ms: 1_000,
+                },
+                HistoryEntry {
+                    attempt: 2,
+                    tier: "10s".into(),
+                    failed_at_ms: 2_012,
+                },
+            ],
+            replayed_from: Some("ladder.default.parked@7".into()),
+            parked_at_ms: 12_345,
+            hop: "intake".into(),
+            message: OriginalMessage::capture("ladder.default", "", &props, b"{}"),
+        }
+    }
+
+    #[test]
+    fn history_and_lineage_round_trip() {
+        let envelope = parked_with_history();
+        let json = serde_json::to_value(&envelope).unwrap();
+        assert_eq!(
+            json["history"],
+            json!([
+                {"attempt": 1, "tier": "1s", "failed_at_ms": 1_000},
+                {"attempt": 2, "tier": "10s", "failed_at_ms": 2_012},
+            ])
+        );
+        assert_eq!(json["replayed_from"], json!("ladder.default.parked@7"));
+        let back = Envelope::from_slice(json.to_string().as_bytes()).unwrap();
+        assert_eq!(back, envelope);
+    }
+
+    #[test]
+    fn empty_history_and_lineage_are_left_out() {
+        let envelope = Envelope {
+            history: Vec::new(),
+            replayed_from: None,
+            ..parked_with_history()
+        };
+        let json = serde_json::to_value(&envelope).unwrap();
+        assert!(
+            json.get("history").is_none() && json.get("replayed_from").is_none(),
+            "{json}"
+        );
+        assert_eq!(Envelope::from_slice(json.to_string().as_bytes()).unwrap(), envelope);
+    }
+
+    #[test]
+    fn records_from_before_the_history_still_decode() {
+        // a ladder.parked/v1 record as written before `history` and `replayed_from` existed
+        let old = r#"{
+            "format": "ladder.parked/v1",
+            "reason": "max-attempts",
+            "detail": "failed after 3 retries; ladder default allows 3",
+            "ladder": "default",
+            "destination": "orders",
+            "attempts": 3,
+            "first_failed_at_ms": 1763766000000,
+            "parked_at_ms": 1763766012345,
+            "hop": "intake",
+            "message": {
+                "exchange": "ladder.default",
+                "routing_key": "",
+                "properties": {
+                    "message_id": "m-1",
+                    "headers": {"retry-attempt": {"type": "long-long-int", "value": 3}}
+                },
+                "body_base64": "eyJvcmRlciI6IDQyfQ=="
+            }
+        }"#;
+        let e = Envelope::from_slice(old.as_bytes()).unwrap();
+        assert_eq!((e.attempts, e.destination.as_deref()), (Some(3), Some("orders")));
+        assert!(e.history.is_empty());
+        assert_eq!(e.replayed_from, None);
+        assert_eq!(e.message.body().unwrap(), br#"{"order": 42}"#);
     }
 
     #[test]

@@ -16,10 +16,13 @@ pub const DEEP_STACK_BYTES: usize = 256 * 1024 * 1024;
 
 pub mod accounting;
 pub mod admin;
+pub mod api;
 pub mod config;
 pub mod envelope;
 pub mod ladder;
+pub mod lot_index;
 pub mod metrics;
+pub mod operator;
 pub mod parking;
 pub mod poller;
 pub mod protocol;
@@ -27,3 +30,4 @@ pub mod relay;
 pub mod service;
 pub mod telemetry;
 pub mod topology;
+pub mod web;

@@ -282,8 +282,10 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
             all,
             json,
         } => {
+            let filter = filter.build(&[])?;
+            let index = lot.index_for(&filter).await?;
             let page = lot
-                .list(&filter.build(&[])?, parking::PageRequest { offset, limit }, all)
+                .list(&index, &filter, parking::PageRequest { offset, limit }, all)
                 .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&page)?);
@@ -300,7 +302,11 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
             ExitCode::SUCCESS
         }
         ParkedCommand::Show { offset, json } => {
-            let entry = lot.show(offset).await?;
+            let filter = parking::Filter {
+                offsets: Some([offset].into()),
+                ..parking::Filter::default()
+            };
+            let entry = lot.show(&lot.index_for(&filter).await?, offset).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&entry)?);
             } else {
@@ -326,9 +332,10 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
                 by: by(who),
             };
             let lock = lot.lock().await?;
-            let selection = lot.select(&filter).await?;
+            let index = lot.index_for(&filter).await?;
+            let selection = lot.select(&index, &filter).await?;
             info!(ladder = %spec.name, by = %options.by, entries = selection.entries.len(), dry_run, "replay requested");
-            let outcomes = lot.replay(&selection.entries, &options).await?;
+            let outcomes = lot.replay(&index, &selection.entries, &options).await?;
             lock.release().await;
             report(&outcomes, selection.left_over, json)?
         }
@@ -342,7 +349,8 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
             let filter = filter.build(&offsets)?;
             anyhow::ensure!(!filter.is_empty(), "give offsets or at least one filter");
             let lock = lot.lock().await?;
-            let selection = lot.select(&filter).await?;
+            let index = lot.index_for(&filter).await?;
+            let selection = lot.select(&index, &filter).await?;
             if !yes && !selection.entries.is_empty() {
                 if !std::io::stdin().is_terminal() {
                     eprintln!(
@@ -365,7 +373,7 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
             }
             let who = by(who);
             info!(ladder = %spec.name, by = %who, entries = selection.entries.len(), "discard requested");
-            let outcomes = lot.discard(&selection.entries, &who).await?;
+            let outcomes = lot.discard(&index, &selection.entries, &who).await?;
             lock.release().await;
             report(&outcomes, selection.left_over, json)?
         }

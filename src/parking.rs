@@ -6,19 +6,19 @@
 //! entry it resolves; every replica and tool that reads the stream sees the same state, and
 //! nothing is ever deleted (retention, not discard, frees space). See ARCHITECTURE.md.
 //!
-//! Reading is streamed with bounded memory: a scan keeps the page being built (at most
-//! [`MAX_PAGE_WINDOW`] entries) and one small record per resolution, never the whole stream.
-//! Because a resolution always follows its entry, a listing reads the stream twice: first the
-//! resolutions, then the entries (skipping resolved ones as they pass). Both passes end at the
-//! same offset, the stream's end when the request started ([`ParkingLot`] finds it by reading
-//! the last chunk, `x-stream-offset: last`): a request sees one snapshot, and a busy stream
-//! still ends. (RabbitMQ 3.10 reports `message_count` 0 for a stream, so a passive declare
-//! cannot say where the end is.)
+//! Listing and selecting go through a [`LotIndex`]: one compact row per entry, built by reading
+//! the stream once (the CLI builds one per command, from the filter's start to the stream's end
+//! when the command started; the service keeps one per ladder that follows the stream). The
+//! index answers counts and pages by offset; only the page's records are then fetched from the
+//! stream, in runs of nearby offsets. Searches the index cannot answer (headers, body) fetch
+//! the candidates it narrows to and check them, keeping at most [`MAX_PAGE_WINDOW`] entries.
+//! The end is found by reading the last chunk (`x-stream-offset: last`): RabbitMQ 3.10 reports
+//! `message_count` 0 for a stream, so a passive declare cannot say where the end is.
 //!
 //! Pure parts — filters, rate pacing, time bounds, rendering — do no I/O and are unit-tested
 //! here; the broker parts bound every await.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::fmt::Write as _;
 use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,10 +32,12 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::envelope::{self, Envelope, EnvelopeError};
 use crate::ladder::LadderSpec;
+use crate::lot_index::{self, SharedIndex};
 use crate::protocol::{self, header, long_string};
 use crate::topology::Names;
 
@@ -74,6 +76,12 @@ pub const MAX_PAGE_WINDOW: usize = 10_000;
 /// entries) continues.
 pub const MAX_ACTION_BATCH: usize = 10_000;
 
+/// Fetching entries by offset: offsets at most this far apart are read in one pass over the
+/// stream rather than with a consumer each. Starting a consumer costs a round trip and the
+/// broker reads from the start of the offset's chunk anyway, so reading a few hundred records
+/// in between is cheaper than starting again.
+pub const FETCH_RUN_GAP: u64 = 256;
+
 /// What can go wrong reading or changing the parking lot.
 #[derive(Debug, thiserror::Error)]
 pub enum ParkingError {
@@ -97,6 +105,9 @@ pub enum ParkingError {
     /// No entry at this offset.
     #[error("no parked entry at offset {0}")]
     NotFound(u64),
+    /// No ladder of this name in the config.
+    #[error("no ladder {0:?}")]
+    UnknownLadder(String),
     /// A record could not be decoded.
     #[error(transparent)]
     Envelope(#[from] EnvelopeError),
@@ -208,13 +219,6 @@ impl Start {
     }
 }
 
-/// One record of the parked stream.
-#[derive(Debug)]
-enum Record {
-    Parked(Box<Envelope>),
-    Resolution(Resolution),
-}
-
 /// Which entries to act on. Every field narrows; the default matches everything.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Filter {
@@ -244,6 +248,12 @@ impl Filter {
     /// Whether no field narrows (everything matches).
     pub fn is_empty(&self) -> bool {
         *self == Filter::default()
+    }
+
+    /// Whether a field narrows that the [`LotIndex`] does not hold (headers, body, ladder), so
+    /// the candidates' records must be read and checked with [`Filter::matches`].
+    pub fn needs_records(&self) -> bool {
+        self.ladder.is_some() || !self.headers.is_empty() || self.body_contains.is_some()
     }
 
     /// Whether the entry at `offset` matches. Cheap checks first; the body is decoded last.
@@ -383,7 +393,7 @@ pub struct Page {
 }
 
 /// Which page of a listing.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRequest {
     /// Newest matches to skip.
     pub offset: usize,
@@ -514,70 +524,215 @@ impl<'a> ParkingLot<'a> {
         &self.names.parked
     }
 
+    /// A fresh index of the records `filter` can match, from where they may start to the
+    /// stream's end now: what a one-off command (the CLI) lists and selects from.
+    pub async fn index_for(&self, filter: &Filter) -> Result<SharedIndex, ParkingError> {
+        let index = SharedIndex::default();
+        let end = self.end().await?;
+        self.catch_up(&index, Start::for_filter(filter), end).await?;
+        Ok(index)
+    }
+
+    /// Applies the records from `from` to `end` (inclusive) to `index`.
+    async fn catch_up(&self, index: &SharedIndex, from: Start, end: Option<u64>) -> Result<(), ParkingError> {
+        let stream = self.names.parked.clone();
+        self.scan(from, end, |offset, kind, body| match lot_index::decode(kind, body) {
+            Ok(record) => index.write().apply(offset, record),
+            Err(e) => warn!(%stream, offset, error = %e, "an undecodable record; skipped"),
+        })
+        .await
+    }
+
+    /// Follows the stream into `index` from where it left off (the first record for a new one)
+    /// until `stop`, or an error the caller retries after a pause. Each delivery is applied as
+    /// it comes, so `index` trails the stream by one round trip.
+    pub async fn follow(&self, index: &SharedIndex, stop: &CancellationToken) -> Result<(), ParkingError> {
+        let channel = bounded("opening a channel", self.connection.create_channel()).await?;
+        let result = self.follow_on(&channel, index, stop).await;
+        let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "stopped following".into())).await;
+        result
+    }
+
+    async fn follow_on(
+        &self,
+        channel: &Channel,
+        index: &SharedIndex,
+        stop: &CancellationToken,
+    ) -> Result<(), ParkingError> {
+        let start = match index.read().next_offset() {
+            Some(next) => Start::Offset(next),
+            None => Start::First,
+        };
+        let mut consumer = self.subscribe(channel, start.argument()).await?;
+        let mut unacked = 0u64;
+        loop {
+            let delivery = tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                delivery = consumer.next() => match delivery {
+                    None => return Err(ParkingError::Invalid("the broker cancelled the follower".into())),
+                    Some(delivery) => delivery?,
+                },
+            };
+            unacked += 1;
+            if unacked >= SCAN_ACK_EVERY {
+                bounded("acknowledging", delivery.acker.ack(BasicAckOptions { multiple: true })).await?;
+                unacked = 0;
+            }
+            let Some(offset) = stream_offset(delivery.properties.headers()) else {
+                continue;
+            };
+            if !start.includes(offset) {
+                continue;
+            }
+            let kind = delivery.properties.kind().as_ref().map(|k| k.as_str());
+            match lot_index::decode(kind, &delivery.data) {
+                Ok(record) => index.write().apply(offset, record),
+                Err(e) => {
+                    warn!(stream = %self.names.parked, offset, error = %e, "an undecodable record; skipped");
+                    index.write().skip(offset);
+                }
+            }
+        }
+    }
+
     /// Entries matching `filter`, newest first, one page of them, and how many match in all.
-    /// Resolved entries are left out unless `include_resolved`.
-    pub async fn list(&self, filter: &Filter, page: PageRequest, include_resolved: bool) -> Result<Page, ParkingError> {
+    /// Resolved entries are left out unless `include_resolved`. The index says which; the page's
+    /// records are read from the stream.
+    pub async fn list(
+        &self,
+        index: &SharedIndex,
+        filter: &Filter,
+        page: PageRequest,
+        include_resolved: bool,
+    ) -> Result<Page, ParkingError> {
         let window = page.offset.saturating_add(page.limit);
+        if !filter.needs_records() {
+            let found = index.read().page(filter, include_resolved, page.offset, page.limit);
+            let mut entries = self.entries(index, &found.offsets).await?;
+            entries.sort_by_key(|e| std::cmp::Reverse(e.offset));
+            return Ok(Page {
+                total: found.total,
+                entries,
+            });
+        }
         if window > MAX_PAGE_WINDOW {
             return Err(ParkingError::Invalid(format!(
-                "offset + limit is {window}; at most {MAX_PAGE_WINDOW}: narrow the filter instead"
+                "offset + limit is {window}; at most {MAX_PAGE_WINDOW} when searching headers or bodies: narrow the filter instead"
             )));
         }
-        let from = Start::for_filter(filter);
-        let end = self.end().await?;
-        let resolutions = self.resolutions(from, end).await?;
+        let candidates = index.read().candidates(filter, include_resolved);
         let mut total = 0u64;
         let mut newest: VecDeque<ParkedEntry> = VecDeque::with_capacity(window.min(1024));
-        self.scan(from, end, |offset, record| {
-            if let Record::Parked(envelope) = record {
-                let resolution = resolutions.get(&offset);
-                if (include_resolved || resolution.is_none()) && filter.matches(offset, &envelope) {
-                    total += 1;
-                    if window > 0 {
-                        if newest.len() == window {
-                            newest.pop_front();
-                        }
-                        newest.push_back(ParkedEntry {
-                            offset,
-                            envelope: *envelope,
-                            resolution: resolution.cloned(),
-                        });
+        self.fetch_each(&candidates, |offset, envelope| {
+            if filter.matches(offset, &envelope) {
+                total += 1;
+                if window > 0 {
+                    if newest.len() == window {
+                        newest.pop_front();
                     }
+                    newest.push_back(ParkedEntry {
+                        offset,
+                        envelope,
+                        resolution: None,
+                    });
                 }
             }
         })
         .await?;
-        let entries = newest.into_iter().rev().skip(page.offset).take(page.limit).collect();
+        let mut entries: Vec<ParkedEntry> = newest.into_iter().rev().skip(page.offset).take(page.limit).collect();
+        let ix = index.read();
+        for entry in &mut entries {
+            entry.resolution = ix.resolution(entry.offset).ok().flatten();
+        }
         Ok(Page { total, entries })
     }
 
     /// The entry at `offset`, resolved or not.
-    pub async fn show(&self, offset: u64) -> Result<ParkedEntry, ParkingError> {
-        let filter = Filter {
-            offsets: Some(BTreeSet::from([offset])),
-            ..Filter::default()
-        };
-        let page = self.list(&filter, PageRequest { offset: 0, limit: 1 }, true).await?;
-        page.entries.into_iter().next().ok_or(ParkingError::NotFound(offset))
+    pub async fn show(&self, index: &SharedIndex, offset: u64) -> Result<ParkedEntry, ParkingError> {
+        if index.read().resolution(offset).is_err() {
+            return Err(ParkingError::NotFound(offset));
+        }
+        self.entries(index, &[offset])
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(ParkingError::NotFound(offset))
+    }
+
+    /// The records at `offsets` (any order) with their resolutions from `index`, oldest first;
+    /// offsets that hold no readable entry are left out.
+    pub async fn entries(&self, index: &SharedIndex, offsets: &[u64]) -> Result<Vec<ParkedEntry>, ParkingError> {
+        let mut sorted = offsets.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut entries = Vec::with_capacity(sorted.len());
+        self.fetch_each(&sorted, |offset, envelope| {
+            entries.push(ParkedEntry {
+                offset,
+                envelope,
+                resolution: None,
+            })
+        })
+        .await?;
+        let ix = index.read();
+        for entry in &mut entries {
+            entry.resolution = ix.resolution(entry.offset).ok().flatten();
+        }
+        Ok(entries)
+    }
+
+    /// Reads the parked entries at `offsets` (ascending) and hands each to `visit`. Nearby
+    /// offsets are read in one run (a consumer from the first to the last of the run); a gap
+    /// wider than [`FETCH_RUN_GAP`] starts a new run, so a sparse selection does not read the
+    /// whole stream between its entries.
+    async fn fetch_each(&self, offsets: &[u64], mut visit: impl FnMut(u64, Envelope)) -> Result<(), ParkingError> {
+        let stream = self.names.parked.clone();
+        let mut rest = offsets;
+        while let Some(&first) = rest.first() {
+            let run_len = rest
+                .windows(2)
+                .position(|w| w[1] - w[0] > FETCH_RUN_GAP)
+                .map_or(rest.len(), |i| i + 1);
+            let (run, tail) = rest.split_at(run_len);
+            let last = run[run.len() - 1];
+            let mut wanted = run.iter().peekable();
+            self.scan(Start::Offset(first), Some(last), |offset, kind, body| {
+                while wanted.next_if(|w| **w < offset).is_some() {}
+                if wanted.next_if(|w| **w == offset).is_none() || kind == Some(RESOLUTION_FORMAT) {
+                    return;
+                }
+                match Envelope::from_slice(body) {
+                    Ok(envelope) => visit(offset, envelope),
+                    Err(e) => warn!(%stream, offset, error = %e, "an undecodable record; skipped"),
+                }
+            })
+            .await?;
+            rest = tail;
+        }
+        Ok(())
     }
 
     /// Unresolved entries matching `filter`, oldest first, for a replay or a discard. Hold the
-    /// [`OperatorLock`] from before the selection until the action is done.
-    pub async fn select(&self, filter: &Filter) -> Result<Selection, ParkingError> {
-        let from = Start::for_filter(filter);
-        let end = self.end().await?;
-        let resolutions = self.resolutions(from, end).await?;
+    /// [`OperatorLock`] from before the selection until the action is done, with `index` caught
+    /// up to the stream's end after the lock was taken.
+    pub async fn select(&self, index: &SharedIndex, filter: &Filter) -> Result<Selection, ParkingError> {
+        let candidates = index.read().candidates(filter, false);
+        if !filter.needs_records() {
+            let take = candidates.len().min(MAX_ACTION_BATCH);
+            let entries = self.entries(index, &candidates[..take]).await?;
+            return Ok(Selection {
+                entries,
+                left_over: (candidates.len() - take) as u64,
+            });
+        }
         let mut entries = Vec::new();
         let mut left_over = 0u64;
-        self.scan(from, end, |offset, record| {
-            if let Record::Parked(envelope) = record
-                && !resolutions.contains_key(&offset)
-                && filter.matches(offset, &envelope)
-            {
+        self.fetch_each(&candidates, |offset, envelope| {
+            if filter.matches(offset, &envelope) {
                 if entries.len() < MAX_ACTION_BATCH {
                     entries.push(ParkedEntry {
                         offset,
-                        envelope: *envelope,
+                        envelope,
                         resolution: None,
                     });
                 } else {
@@ -592,8 +747,14 @@ impl<'a> ParkingLot<'a> {
     /// Replays `entries` in order: each is republished through the default exchange to its
     /// destination (or `options.to`), persistent and mandatory, with a fresh attempt count and
     /// `retry-replayed-from`, at most at `options.rate`; only after the broker confirmed it is
-    /// the resolution appended. A failure is reported per entry and leaves it unresolved.
-    pub async fn replay(&self, entries: &[ParkedEntry], options: &ReplayOptions) -> Result<Vec<Outcome>, ParkingError> {
+    /// the resolution appended (and applied to `index`). A failure is reported per entry and
+    /// leaves it unresolved.
+    pub async fn replay(
+        &self,
+        index: &SharedIndex,
+        entries: &[ParkedEntry],
+        options: &ReplayOptions,
+    ) -> Result<Vec<Outcome>, ParkingError> {
         let channel = if options.dry_run {
             None
         } else {
@@ -639,6 +800,7 @@ impl<'a> ParkingLot<'a> {
                     let resolution = self.resolution(entry.offset, Action::Replayed, &options.by, Some(&queue));
                     match self.append(channel, &resolution).await {
                         Ok(()) => {
+                            index.write().resolve(&resolution);
                             info!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by, "replayed a parked message");
                             Status::Replayed
                         }
@@ -675,15 +837,21 @@ impl<'a> ParkingLot<'a> {
         Ok(outcomes)
     }
 
-    /// Marks `entries` discarded: one confirmed resolution record each. The records stay in the
-    /// stream until its retention removes them.
-    pub async fn discard(&self, entries: &[ParkedEntry], by: &str) -> Result<Vec<Outcome>, ParkingError> {
+    /// Marks `entries` discarded: one confirmed resolution record each (applied to `index`). The
+    /// records stay in the stream until its retention removes them.
+    pub async fn discard(
+        &self,
+        index: &SharedIndex,
+        entries: &[ParkedEntry],
+        by: &str,
+    ) -> Result<Vec<Outcome>, ParkingError> {
         let channel = self.confirm_channel().await?;
         let mut outcomes = Vec::with_capacity(entries.len());
         for entry in entries {
             let resolution = self.resolution(entry.offset, Action::Discarded, by, None);
             let status = match self.append(&channel, &resolution).await {
                 Ok(()) => {
+                    index.write().resolve(&resolution);
                     info!(ladder = %self.spec.name, offset = entry.offset, by = %by, "discarded a parked message");
                     Status::Discarded
                 }
@@ -760,21 +928,9 @@ impl<'a> ParkingLot<'a> {
         Ok(channel)
     }
 
-    /// Every resolution from `from` on, by the offset it resolves (the newest wins).
-    async fn resolutions(&self, from: Start, end: Option<u64>) -> Result<HashMap<u64, Resolution>, ParkingError> {
-        let mut out = HashMap::new();
-        self.scan(from, end, |_, record| {
-            if let Record::Resolution(r) = record {
-                out.insert(r.resolves, r);
-            }
-        })
-        .await?;
-        Ok(out)
-    }
-
     /// The offset of the stream's last record now, or `None` if it is empty: the highest offset
     /// of the last chunk (a consumer from `last` starts at the last chunk's first record).
-    async fn end(&self) -> Result<Option<u64>, ParkingError> {
+    pub async fn end(&self) -> Result<Option<u64>, ParkingError> {
         let channel = bounded("opening a channel", self.connection.create_channel()).await?;
         let result = async {
             let mut consumer = self
@@ -795,14 +951,14 @@ impl<'a> ParkingLot<'a> {
         result
     }
 
-    /// Reads the stream from `from` (the first record if `None`) to `end` (inclusive), handing
-    /// each decodable record to `visit` with its offset. Records that decode as neither kind are
-    /// skipped with a warning: one bad record must not hide the others.
+    /// Reads the stream from `from` to `end` (inclusive), handing each record to `visit` with its
+    /// offset and `type` property; decoding is the visitor's (one bad record must not hide the
+    /// others).
     async fn scan(
         &self,
         from: Start,
         end: Option<u64>,
-        mut visit: impl FnMut(u64, Record),
+        mut visit: impl FnMut(u64, Option<&str>, &[u8]),
     ) -> Result<(), ParkingError> {
         let Some(end) = end else { return Ok(()) };
         if matches!(from, Start::Offset(from) if from > end) {
@@ -839,7 +995,7 @@ impl<'a> ParkingLot<'a> {
         channel: &Channel,
         from: Start,
         end: u64,
-        visit: &mut impl FnMut(u64, Record),
+        visit: &mut impl FnMut(u64, Option<&str>, &[u8]),
     ) -> Result<(), ParkingError> {
         let mut consumer = self.subscribe(channel, from.argument()).await?;
         let mut unacked = 0u64;
@@ -878,10 +1034,11 @@ impl<'a> ParkingLot<'a> {
             }
             // A numeric start offset delivers from the chunk that holds it.
             if from.includes(offset) {
-                match decode(delivery.properties.kind().as_ref().map(|k| k.as_str()), &delivery.data) {
-                    Ok(record) => visit(offset, record),
-                    Err(e) => warn!(stream = %self.names.parked, offset, error = %e, "an undecodable record; skipped"),
-                }
+                visit(
+                    offset,
+                    delivery.properties.kind().as_ref().map(|k| k.as_str()),
+                    &delivery.data,
+                );
             }
             if offset == end {
                 last_tag = tag;
@@ -897,15 +1054,6 @@ impl<'a> ParkingLot<'a> {
         }
         Ok(())
     }
-}
-
-fn decode(kind: Option<&str>, body: &[u8]) -> Result<Record, ParkingError> {
-    if kind == Some(RESOLUTION_FORMAT) {
-        let resolution: Resolution =
-            serde_json::from_slice(body).map_err(|e| ParkingError::Invalid(format!("invalid resolution: {e}")))?;
-        return Ok(Record::Resolution(resolution));
-    }
-    Ok(Record::Parked(Box::new(Envelope::from_slice(body)?)))
 }
 
 fn stream_offset(headers: &Option<FieldTable>) -> Option<u64> {
@@ -932,7 +1080,8 @@ async fn publish(
     bounded("waiting for the publish confirm", confirm).await
 }
 
-fn format_time(ms: u64) -> String {
+/// `ms` since the epoch as RFC 3339, to the second (UTC).
+pub fn format_time(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
@@ -1002,8 +1151,9 @@ fn describe_resolution(r: &Resolution) -> String {
     format!("{action} by {} at {}", r.by, format_time(r.at_ms))
 }
 
-/// One entry in full: reason and detail, attempts and times, properties, headers (with their
-/// AMQP types) and the body — as text when it is UTF-8, otherwise as hex.
+/// One entry in full: reason and detail, attempts and times, the attempt history and lineage,
+/// properties, headers (with their AMQP types) and the body — as text when it is UTF-8,
+/// otherwise as hex.
 pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     let e = &entry.envelope;
     let mut out = String::new();
@@ -1019,6 +1169,23 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     );
     if let Some(first) = e.first_failed_at_ms {
         let _ = writeln!(out, "first failed {}", format_time(first));
+    }
+    if let Some(from) = &e.replayed_from {
+        let _ = writeln!(out, "replayed from {from}");
+    }
+    if !e.history.is_empty() {
+        let _ = writeln!(out, "history");
+        let attempt_width = e.history.iter().map(|h| h.attempt.to_string().len()).max().unwrap_or(0);
+        let tier_width = e.history.iter().map(|h| h.tier.chars().count()).max().unwrap_or(0);
+        for h in &e.history {
+            let _ = writeln!(
+                out,
+                "  attempt {:<attempt_width$}  tier {:<tier_width$}  failed at {}",
+                h.attempt,
+                h.tier,
+                format_time(h.failed_at_ms)
+            );
+        }
     }
     let _ = writeln!(out, "parked at    {} (hop {})", format_time(e.parked_at_ms), e.hop);
     let _ = writeln!(
@@ -1093,6 +1260,7 @@ pub fn original_headers(e: &Envelope) -> Result<FieldTable, EnvelopeError> {
 mod tests {
     use super::*;
     use crate::envelope::{FORMAT, OriginalMessage};
+    use crate::protocol::HistoryEntry;
 
     fn envelope(
         reason: &str,
@@ -1109,6 +1277,8 @@ mod tests {
             destination: destination.map(str::to_string),
             attempts: Some(3),
             first_failed_at_ms: Some(1),
+            history: Vec::new(),
+            replayed_from: None,
             parked_at_ms,
             hop: "intake".into(),
             message: OriginalMessage::capture("ns.default", "", &props, body),
@@ -1339,7 +1509,9 @@ mod tests {
             serde_json::json!({"format": "ladder.resolution/v1", "resolves": 7, "action": "replayed",
                                "by": "ops", "at_ms": 9, "to": "orders"})
         );
-        let Record::Resolution(back) = decode(Some(RESOLUTION_FORMAT), json.to_string().as_bytes()).unwrap() else {
+        let lot_index::Indexed::Resolution(back) =
+            lot_index::decode(Some(RESOLUTION_FORMAT), json.to_string().as_bytes()).unwrap()
+        else {
             panic!("not a resolution")
         };
         assert_eq!(back, r);
@@ -1426,5 +1598,41 @@ mod tests {
         assert!(text.contains("n (long-int) = 7"), "{text}");
         entry.envelope = envelope("no-route", Some("orders"), 0, props, &[0, 1, 0xff]);
         assert!(render_entry("s", &entry).contains("body (3 bytes, hex)\n00000000  00 01 ff"));
+    }
+
+    #[test]
+    fn show_prints_the_history_and_where_it_was_replayed_from() {
+        let mut entry = ParkedEntry {
+            offset: 9,
+            envelope: envelope("max-attempts", Some("orders"), 0, BasicProperties::default(), b""),
+            resolution: None,
+        };
+        let plain = render_entry("s", &entry);
+        assert!(
+            !plain.contains("history") && !plain.contains("replayed from"),
+            "{plain}"
+        );
+        entry.envelope.history = vec![
+            HistoryEntry {
+                attempt: 1,
+                tier: "1s".into(),
+                failed_at_ms: 1_000,
+            },
+            HistoryEntry {
+                attempt: 2,
+                tier: "10s".into(),
+                failed_at_ms: 2_500,
+            },
+        ];
+        entry.envelope.replayed_from = Some("s@3".into());
+        let text = render_entry("s", &entry);
+        assert!(
+            text.contains(
+                "replayed from s@3\nhistory\n\
+                 \x20 attempt 1  tier 1s   failed at 1970-01-01T00:00:01Z\n\
+                 \x20 attempt 2  tier 10s  failed at 1970-01-01T00:00:02Z\nparked at"
+            ),
+            "{text}"
+        );
     }
 }

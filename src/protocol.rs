@@ -6,11 +6,12 @@
 //! It must never panic on any input: every value type a client can send ends in a decision.
 
 use std::collections::BTreeMap;
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use serde::{Deserialize, Serialize};
 
 use crate::config::Limits;
 use crate::ladder::LadderSpec;
@@ -40,10 +41,43 @@ pub mod header {
     pub const X_DEATH: &str = "x-death";
     /// Set on a message replayed from the parking lot: `<stream>@<offset>` of its parked record.
     pub const RETRY_REPLAYED_FROM: &str = "retry-replayed-from";
+    /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
+    /// joined by `,`, oldest first, one appended per retry scheduled, at most
+    /// [`super::MAX_HISTORY_ENTRIES`] (the newest). Tier names are compact durations (digits and
+    /// `h`, `m`, `s`), so neither separator can occur in one. Informational: read leniently,
+    /// never a reason to park; kept across replays (lineage).
+    pub const RETRY_HISTORY: &str = "retry-history";
 }
 
 /// Tables nested deeper than this are refused as `invalid-header`; it bounds recursion.
 pub const MAX_HEADER_DEPTH: usize = 32;
+
+/// `retry-history` keeps only this many entries, the newest. 16 covers every retry of a
+/// typical ladder, and of a replay or two, while bounding the header however often a message
+/// fails: an entry is at most 59 bytes with its comma (a 20-digit attempt, a tier name of at
+/// most [`MAX_HISTORY_TIER_BYTES`], a 20-digit time; a real one is about 25), so the header stays
+/// under 1 KB, a small share of the default 16 KiB `max_header_bytes`.
+pub const MAX_HISTORY_ENTRIES: usize = 16;
+
+/// A `retry-history` entry whose tier name is longer than this is dropped as garbage. The
+/// longest real tier name is 15 bytes (`1193h2m47s295ms`, the largest TTL RabbitMQ accepts); the
+/// bound keeps a forged entry from bloating every later hop and the parked record.
+const MAX_HISTORY_TIER_BYTES: usize = 16;
+
+/// `retry-replayed-from` is a stream name (at most 255 bytes), `@` and a `u64` offset (at most
+/// 20 digits); a longer value is cut to this before it is copied into a park decision.
+const MAX_REPLAYED_FROM_BYTES: usize = 255 + 1 + 20;
+
+/// One retry the ladder scheduled: which attempt, in which tier, and when the failure came in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// The retry number (`retry-attempt` as sent).
+    pub attempt: u64,
+    /// The tier it waited in.
+    pub tier: String,
+    /// When the intake received the failure, ms since the epoch.
+    pub failed_at_ms: u64,
+}
 
 /// Why a message went to the parking lot. The codes are a documented, closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,6 +139,10 @@ pub struct Park {
     pub attempts: Option<u64>,
     /// `retry-first-failed-at` as received, if readable.
     pub first_failed_at_ms: Option<u64>,
+    /// `retry-history` as received: the readable entries, oldest first.
+    pub history: Vec<HistoryEntry>,
+    /// `retry-replayed-from` as received: the parked record it was replayed from, if any.
+    pub replayed_from: Option<String>,
 }
 
 /// A decision to republish.
@@ -162,6 +200,7 @@ impl HopContext<'_> {
             }),
         };
         let known_destination = destination.as_ref().ok().cloned();
+        let mut history = carried_history(h);
 
         if let Some((reason, detail)) = self.check_size(headers) {
             return Decision::Park(Park {
@@ -170,11 +209,23 @@ impl HopContext<'_> {
                 destination: known_destination,
                 attempts: None,
                 first_failed_at_ms: None,
+                history,
+                replayed_from: carried_replayed_from(h),
             });
         }
         let previous = match optional_u64(h, header::RETRY_ATTEMPT) {
             Ok(n) => n.unwrap_or(0),
-            Err(problem) => return invalid(problem, known_destination, None),
+            Err(problem) => {
+                return Decision::Park(Park {
+                    reason: ParkReason::InvalidHeader,
+                    detail: problem,
+                    destination: known_destination,
+                    attempts: None,
+                    first_failed_at_ms: None,
+                    history,
+                    replayed_from: carried_replayed_from(h),
+                });
+            }
         };
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
@@ -184,6 +235,8 @@ impl HopContext<'_> {
                 destination,
                 attempts: Some(previous),
                 first_failed_at_ms: first_failed_at,
+                history: history.clone(),
+                replayed_from: carried_replayed_from(h),
             })
         };
         let destination = match destination {
@@ -241,6 +294,12 @@ impl HopContext<'_> {
             header::RETRY_DUE_AT.into(),
             AMQPValue::LongLongInt(now_ms.saturating_add(tier.ttl_ms()) as i64),
         );
+        history.push(HistoryEntry {
+            attempt,
+            tier: tier.name.clone(),
+            failed_at_ms: now_ms,
+        });
+        out.insert(header::RETRY_HISTORY.into(), format_history(&history));
         Decision::Forward(Box::new(Forward {
             exchange: self.names.tiers_exchange.clone(),
             routing_key: tier.name.clone(),
@@ -266,6 +325,8 @@ impl HopContext<'_> {
                 destination,
                 attempts,
                 first_failed_at_ms: first_failed_at,
+                history: carried_history(h),
+                replayed_from: carried_replayed_from(h),
             })
         };
         let destination = match h.get(header::RETRY_TO).map(check_queue_name) {
@@ -329,7 +390,9 @@ pub fn refuse_destination(spec: &LadderSpec, names: &Names, queue: &str) -> Opti
 }
 
 /// Headers the ladder sets for one pass through it; a replay from the parking lot removes them
-/// so the message starts a fresh attempt count (`retry-first-failed-at` stays: it is lineage).
+/// so the message starts a fresh attempt count. `retry-first-failed-at` and `retry-history`
+/// stay: they are lineage (after a replay the history's attempts start again at 1, so its
+/// entries are told apart by their times).
 const PER_PASS_HEADERS: [&str; 5] = [
     header::RETRY_ATTEMPT,
     header::RETRY_DUE_AT,
@@ -340,8 +403,9 @@ const PER_PASS_HEADERS: [&str; 5] = [
 
 /// Properties to replay a parked message with: the same stripping as every republish (broker
 /// headers, `expiration`, `user_id` moved to `retry-original-user-id`, persistent), minus the
-/// per-pass ladder headers ([`PER_PASS_HEADERS`]) so the attempt count starts again, plus
-/// `extra` headers (the caller's lineage, e.g. `retry-replayed-from`).
+/// per-pass ladder headers ([`PER_PASS_HEADERS`]) so the attempt count starts again (lineage:
+/// `retry-first-failed-at` and `retry-history` stay), plus `extra` headers (the caller's
+/// lineage, e.g. `retry-replayed-from`).
 pub fn replay_properties(props: &BasicProperties, extra: &[(&str, AMQPValue)]) -> BasicProperties {
     let empty = FieldTable::default();
     let headers = props.headers().as_ref().unwrap_or(&empty);
@@ -358,14 +422,76 @@ pub fn replay_properties(props: &BasicProperties, extra: &[(&str, AMQPValue)]) -
     republished_properties(props, out)
 }
 
-fn invalid(detail: String, destination: Option<String>, attempts: Option<u64>) -> Decision {
-    Decision::Park(Park {
-        reason: ParkReason::InvalidHeader,
-        detail,
-        destination,
-        attempts,
-        first_failed_at_ms: None,
+/// The `retry-history` that `props` carry, read as leniently as [`parse_history`] (empty when
+/// absent). For park records made outside a hop's decision, such as a returned publish.
+pub fn history_of(props: &BasicProperties) -> Vec<HistoryEntry> {
+    props
+        .headers()
+        .as_ref()
+        .map_or_else(Vec::new, |h| carried_history(h.inner()))
+}
+
+/// The `retry-replayed-from` that `props` carry, if it is text (cut to a bounded length).
+pub fn replayed_from_of(props: &BasicProperties) -> Option<String> {
+    props.headers().as_ref().and_then(|h| carried_replayed_from(h.inner()))
+}
+
+fn carried_history(h: &BTreeMap<ShortString, AMQPValue>) -> Vec<HistoryEntry> {
+    h.get(header::RETRY_HISTORY).map_or_else(Vec::new, parse_history)
+}
+
+fn carried_replayed_from(h: &BTreeMap<ShortString, AMQPValue>) -> Option<String> {
+    h.get(header::RETRY_REPLAYED_FROM)
+        .and_then(as_text)
+        .map(|text| truncate(text, MAX_REPLAYED_FROM_BYTES))
+}
+
+/// Reads a `retry-history` value: its newest [`MAX_HISTORY_ENTRIES`] readable entries, oldest
+/// first. Lenient, because the history only informs operators: a value that is not text gives
+/// no entries, and an entry that does not parse is skipped while the others are kept.
+pub fn parse_history(value: &AMQPValue) -> Vec<HistoryEntry> {
+    let Some(text) = as_text(value) else {
+        return Vec::new();
+    };
+    // From the end, so the newest entries are kept and a long forged value is not read whole.
+    let mut entries: Vec<HistoryEntry> = text
+        .rsplit(',')
+        .filter_map(parse_history_entry)
+        .take(MAX_HISTORY_ENTRIES)
+        .collect();
+    entries.reverse();
+    entries
+}
+
+fn parse_history_entry(entry: &str) -> Option<HistoryEntry> {
+    let mut parts = entry.trim().split(':');
+    let (attempt, tier, failed_at) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some()
+        || tier.is_empty()
+        || tier.len() > MAX_HISTORY_TIER_BYTES
+        || !tier.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        return None;
+    }
+    Some(HistoryEntry {
+        attempt: attempt.parse().ok()?,
+        tier: tier.to_string(),
+        failed_at_ms: failed_at.parse().ok()?,
     })
+}
+
+/// The `retry-history` value for `entries` (oldest first): a long string of the newest
+/// [`MAX_HISTORY_ENTRIES`], `<attempt>:<tier>:<failed_at_ms>` joined by `,`.
+pub fn format_history(entries: &[HistoryEntry]) -> AMQPValue {
+    let newest = &entries[entries.len().saturating_sub(MAX_HISTORY_ENTRIES)..];
+    let mut text = String::with_capacity(newest.len() * 32);
+    for (i, e) in newest.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        let _ = write!(text, "{}:{}:{}", e.attempt, e.tier, e.failed_at_ms);
+    }
+    long_string(&text)
 }
 
 /// A `retry-to` value as a queue name, or what is wrong with it.
@@ -989,6 +1115,191 @@ mod tests {
         assert_eq!(parked(f.ctx().due(&props(&[]), NOW)).reason, ParkReason::NoDestination);
         let p = parked(f.ctx().due(&props(&[("retry-to", long_string("payments"))]), NOW));
         assert_eq!(p.reason, ParkReason::DestinationNotAllowed);
+    }
+
+    fn entry(attempt: u64, tier: &str, failed_at_ms: u64) -> HistoryEntry {
+        HistoryEntry {
+            attempt,
+            tier: tier.into(),
+            failed_at_ms,
+        }
+    }
+
+    fn history_header(p: &BasicProperties) -> Vec<HistoryEntry> {
+        parse_history(header(p, "retry-history").expect("retry-history set"))
+    }
+
+    #[test]
+    fn every_scheduled_retry_appends_one_history_entry() {
+        let f = fixture();
+        let mut input = props(&[("retry-to", long_string("orders"))]);
+        for (i, now) in [NOW, NOW + 1_012, NOW + 3_000].into_iter().enumerate() {
+            let out = forward(f.ctx().intake(&input, now));
+            input = out.properties;
+            let value = header(&input, "retry-history").unwrap();
+            assert!(matches!(value, AMQPValue::LongString(_)), "{value:?}");
+            assert_eq!(history_header(&input).len(), i + 1);
+        }
+        assert_eq!(
+            header(&input, "retry-history"),
+            Some(&long_string(
+                "1:200ms:1700000000000,2:500ms:1700000001012,3:1s:1700000003000"
+            ))
+        );
+        // the fourth failure exhausts the ladder: the park carries the three entries
+        let p = parked(f.ctx().intake(&input, NOW + 5_000));
+        assert_eq!(p.reason, ParkReason::MaxAttempts);
+        assert_eq!(
+            p.history,
+            [
+                entry(1, "200ms", NOW),
+                entry(2, "500ms", NOW + 1_012),
+                entry(3, "1s", NOW + 3_000)
+            ]
+        );
+        assert_eq!(p.replayed_from, None);
+    }
+
+    #[test]
+    fn history_keeps_only_the_newest_entries() {
+        let mut f = fixture();
+        f.spec.max_attempts = 100;
+        let mut input = props(&[("retry-to", long_string("orders"))]);
+        for n in 0..MAX_HISTORY_ENTRIES as u64 + 5 {
+            input = forward(f.ctx().intake(&input, NOW + n)).properties;
+        }
+        let history = history_header(&input);
+        assert_eq!(history.len(), MAX_HISTORY_ENTRIES);
+        let attempts: Vec<u64> = history.iter().map(|e| e.attempt).collect();
+        assert_eq!(attempts, (6..=21).collect::<Vec<_>>());
+        assert_eq!(history.last(), Some(&entry(21, "1s", NOW + 20)));
+        let AMQPValue::LongString(text) = header(&input, "retry-history").unwrap() else {
+            panic!("not a long string")
+        };
+        assert!(text.len() < 1024, "{} bytes", text.len());
+
+        let many: Vec<HistoryEntry> = (1..=40).map(|n| entry(n, "1h1m1s1ms", NOW + n)).collect();
+        assert_eq!(parse_history(&format_history(&many)), many[40 - MAX_HISTORY_ENTRIES..]);
+
+        // the worst a header can carry on, forged or not, still fits the documented bound
+        let longest_tier = crate::ladder::compact_duration(Duration::from_millis(u64::from(u32::MAX)));
+        assert_eq!(longest_tier.len(), 15);
+        let tier = "9".repeat(MAX_HISTORY_TIER_BYTES);
+        let worst: Vec<HistoryEntry> = (0..40).map(|_| entry(u64::MAX, &tier, u64::MAX)).collect();
+        let AMQPValue::LongString(text) = format_history(&parse_history(&format_history(&worst))) else {
+            panic!("not a long string")
+        };
+        assert!(text.len() < 1024, "{} bytes", text.len());
+        assert_eq!(parse_history(&AMQPValue::LongString(text)).len(), MAX_HISTORY_ENTRIES);
+    }
+
+    #[test]
+    fn history_is_read_leniently_and_never_parks() {
+        let text = "x,1:1s:5, 2:10s:6 ,3:10s,4:1s:7:8,:1s:9,5::9,6:1 s:9,7:1s:abc,8:-1s:9,\
+                    9:1s:-9,10:1s:10,,11:1,s:11";
+        assert_eq!(
+            parse_history(&long_string(text)),
+            [entry(1, "1s", 5), entry(2, "10s", 6), entry(10, "1s", 10)]
+        );
+        assert_eq!(
+            parse_history(&AMQPValue::ShortString("1:1s:5".into())),
+            [entry(1, "1s", 5)]
+        );
+        let long_tier = format!("1:{}s:5", "1".repeat(MAX_HISTORY_TIER_BYTES));
+        for garbage in [
+            AMQPValue::LongInt(5),
+            AMQPValue::LongString(vec![0xff, b':', 0xfe].into()),
+            AMQPValue::FieldTable(FieldTable::default()),
+            AMQPValue::FieldArray(FieldArray::from(vec![long_string("1:1s:5")])),
+            AMQPValue::Void,
+            long_string(""),
+            long_string(&long_tier),
+        ] {
+            assert_eq!(parse_history(&garbage), [], "{garbage:?}");
+        }
+
+        // garbage in the header: the message is forwarded, with the readable entries kept
+        let f = fixture();
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-attempt", AMQPValue::LongLongInt(1)),
+            ("retry-history", long_string("1:200ms:5,junk")),
+        ]);
+        let out = forward(f.ctx().intake(&input, NOW));
+        assert_eq!(
+            history_header(&out.properties),
+            [entry(1, "200ms", 5), entry(2, "500ms", NOW)]
+        );
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-history", AMQPValue::Boolean(true)),
+        ]);
+        let out = forward(f.ctx().intake(&input, NOW));
+        assert_eq!(history_header(&out.properties), [entry(1, "200ms", NOW)]);
+    }
+
+    #[test]
+    fn parks_carry_the_history_and_lineage_as_received() {
+        let f = fixture();
+        let lineage = [
+            ("retry-history", long_string("1:200ms:5,2:500ms:6")),
+            ("retry-replayed-from", long_string("ns.default.parked@42")),
+        ];
+        let with = |extra: &[(&str, AMQPValue)]| {
+            let mut headers = lineage.to_vec();
+            headers.extend_from_slice(extra);
+            props(&headers)
+        };
+        let to = |queue: &str| ("retry-to", long_string(queue));
+        let decisions = [
+            f.ctx().intake(&with(&[to("payments")]), NOW),
+            f.ctx().intake(&with(&[]), NOW),
+            f.ctx()
+                .intake(&with(&[to("orders"), ("retry-attempt", long_string("x"))]), NOW),
+            f.ctx()
+                .intake(&with(&[to("orders"), ("retry-attempt", AMQPValue::LongInt(3))]), NOW),
+            f.ctx().intake(
+                &with(&[to("orders"), ("blob", AMQPValue::ByteArray(vec![0u8; 5000].into()))]),
+                NOW,
+            ),
+            f.ctx().due(&with(&[]), NOW),
+            f.ctx().due(&with(&[to("payments")]), NOW),
+        ];
+        for decision in decisions {
+            let p = parked(decision);
+            assert_eq!(p.history, [entry(1, "200ms", 5), entry(2, "500ms", 6)], "{}", p.detail);
+            assert_eq!(p.replayed_from.as_deref(), Some("ns.default.parked@42"), "{}", p.detail);
+        }
+        let long = props(&[("retry-replayed-from", long_string(&"s".repeat(5000)))]);
+        assert_eq!(replayed_from_of(&long).map(|s| s.len()), Some(MAX_REPLAYED_FROM_BYTES));
+        assert_eq!(history_of(&BasicProperties::default()), []);
+    }
+
+    #[test]
+    fn replay_keeps_the_history_and_a_replayed_message_starts_again_at_attempt_one() {
+        let f = fixture();
+        let parked_props = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-attempt", AMQPValue::LongLongInt(3)),
+            ("retry-tier", long_string("1s")),
+            ("retry-history", long_string("1:200ms:5,2:500ms:6,3:1s:7")),
+        ]);
+        let replayed = replay_properties(&parked_props, &[(header::RETRY_REPLAYED_FROM, long_string("s@1"))]);
+        assert_eq!(
+            header(&replayed, "retry-history"),
+            Some(&long_string("1:200ms:5,2:500ms:6,3:1s:7"))
+        );
+        assert_eq!(header(&replayed, "retry-attempt"), None);
+        let out = forward(f.ctx().intake(&replayed, NOW));
+        assert_eq!(
+            history_header(&out.properties),
+            [
+                entry(1, "200ms", 5),
+                entry(2, "500ms", 6),
+                entry(3, "1s", 7),
+                entry(1, "200ms", NOW)
+            ]
+        );
     }
 
     #[test]

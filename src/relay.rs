@@ -27,7 +27,7 @@ use crate::config::Limits;
 use crate::envelope::{Envelope, FORMAT, OriginalMessage};
 use crate::ladder::LadderSpec;
 use crate::metrics::{InFlight, LadderMetrics};
-use crate::protocol::{Decision, Forward, HopContext, Park, ParkReason, long_string};
+use crate::protocol::{self, Decision, Forward, HopContext, Park, ParkReason, long_string};
 use crate::telemetry::{HopTrace, Telemetry};
 use crate::topology::Names;
 
@@ -277,6 +277,9 @@ async fn forward_one(
                 destination: Some(forward.destination.clone()),
                 attempts: Some(attempts),
                 first_failed_at_ms: None,
+                // as received: the envelope stores the received message, not the forward
+                history: protocol::history_of(&delivery.properties),
+                replayed_from: protocol::replayed_from_of(&delivery.properties),
             };
             park_one(hop, ladder, channel, delivery, &park, trace).await
         }
@@ -304,6 +307,8 @@ async fn park_one(
         destination: park.destination.clone(),
         attempts: park.attempts,
         first_failed_at_ms: park.first_failed_at_ms,
+        history: park.history.clone(),
+        replayed_from: park.replayed_from.clone(),
         parked_at_ms: now_ms(),
         hop: hop.to_string(),
         message: OriginalMessage::capture(

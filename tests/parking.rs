@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ladder::envelope::Envelope;
+use ladder::lot_index::SharedIndex;
 use ladder::parking::{self, Action, Filter, PageRequest, ParkedEntry, ReplayOptions, Status};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -25,6 +26,14 @@ const TO_B: usize = 60;
 const INVALID: usize = 30;
 const NO_DESTINATION: usize = 30;
 const TOTAL: usize = TO_A + TO_B + INVALID + NO_DESTINATION;
+
+/// A fresh index of what `filter` can match, as the CLI builds one per command.
+async fn fresh(lot: &parking::ParkingLot<'_>, filter: &Filter) -> SharedIndex {
+    tokio::time::timeout(WAIT, lot.index_for(filter))
+        .await
+        .expect("indexing timed out")
+        .unwrap()
+}
 
 fn page(limit: usize) -> PageRequest {
     PageRequest { offset: 0, limit }
@@ -81,7 +90,11 @@ fn count(envelopes: &[Envelope], f: impl Fn(&Envelope) -> bool) -> u64 {
 }
 
 async fn total(t: &TestLadder, filter: Filter) -> u64 {
-    t.lot().list(&filter, page(0), false).await.unwrap().total
+    let lot = t.lot();
+    lot.list(&fresh(&lot, &filter).await, &filter, page(0), false)
+        .await
+        .unwrap()
+        .total
 }
 
 /// What a replayed message must carry: the original headers without the per-pass ladder headers,
@@ -115,7 +128,15 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
     let lot = t.lot();
 
     // list: newest first, paged, counted
-    let first = lot.list(&Filter::default(), page(10), false).await.unwrap();
+    let first = lot
+        .list(
+            &fresh(&lot, &Filter::default()).await,
+            &Filter::default(),
+            page(10),
+            false,
+        )
+        .await
+        .unwrap();
     assert_eq!(first.total, TOTAL as u64);
     assert_eq!(first.entries.len(), 10);
     assert!(
@@ -128,7 +149,12 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
         "the newest entry comes first"
     );
     let second = lot
-        .list(&Filter::default(), PageRequest { offset: 10, limit: 10 }, false)
+        .list(
+            &fresh(&lot, &Filter::default()).await,
+            &Filter::default(),
+            PageRequest { offset: 10, limit: 10 },
+            false,
+        )
         .await
         .unwrap();
     assert!(
@@ -290,12 +316,15 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
     assert_eq!(total(&t, combined).await, expected);
 
     // show one
-    let one = lot.show(first.entries[3].offset).await.unwrap();
+    let one = lot
+        .show(&fresh(&lot, &Filter::default()).await, first.entries[3].offset)
+        .await
+        .unwrap();
     assert_eq!(one, first.entries[3]);
     let shown = parking::render_entry(&stream, &one);
     assert!(shown.contains(&format!("{stream}@{}", one.offset)), "{shown}");
     assert!(matches!(
-        lot.show(1_000_000).await,
+        lot.show(&fresh(&lot, &Filter::default()).await, 1_000_000).await,
         Err(parking::ParkingError::NotFound(1_000_000))
     ));
 
@@ -305,7 +334,7 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
         destination: Some(b.clone()),
         ..f()
     };
-    let selection = lot.select(&to_b).await.unwrap();
+    let selection = lot.select(&fresh(&lot, &to_b).await, &to_b).await.unwrap();
     assert_eq!((selection.entries.len(), selection.left_over), (TO_B, 0));
     let options = ReplayOptions {
         to: None,
@@ -323,7 +352,10 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
         }
         (got, consumer)
     });
-    let outcomes = lot.replay(&selection.entries, &options).await.unwrap();
+    let outcomes = lot
+        .replay(&SharedIndex::default(), &selection.entries, &options)
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(|o| o.status == Status::Replayed), "{outcomes:?}");
     let (got, mut consumer) = tokio::time::timeout(WAIT, receive).await.unwrap().unwrap();
     let by_id: BTreeMap<String, &ParkedEntry> = selection
@@ -373,7 +405,10 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
 
     // resolved: hidden from a listing, shown with --all, never sent twice
     assert_eq!(total(&t, to_b.clone()).await, 0);
-    let all = lot.list(&to_b, page(100), true).await.unwrap();
+    let all = lot
+        .list(&fresh(&lot, &to_b).await, &to_b, page(100), true)
+        .await
+        .unwrap();
     assert_eq!(all.total, TO_B as u64);
     for entry in &all.entries {
         let r = entry.resolution.as_ref().expect("resolved");
@@ -383,14 +418,25 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
         );
         assert_eq!(r.resolves, entry.offset);
     }
-    let again = lot.select(&to_b).await.unwrap();
+    let again = lot.select(&fresh(&lot, &to_b).await, &to_b).await.unwrap();
     assert!(again.entries.is_empty());
-    assert!(lot.replay(&again.entries, &options).await.unwrap().is_empty());
+    assert!(
+        lot.replay(&SharedIndex::default(), &again.entries, &options)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let by_offset = Filter {
         offsets: Some(selection.entries.iter().map(|e| e.offset).collect()),
         ..f()
     };
-    assert!(lot.select(&by_offset).await.unwrap().entries.is_empty());
+    assert!(
+        lot.select(&fresh(&lot, &by_offset).await, &by_offset)
+            .await
+            .unwrap()
+            .entries
+            .is_empty()
+    );
     assert!(
         next_within(&mut consumer, Duration::from_millis(500)).await.is_none(),
         "a resolved entry was resent"
@@ -398,14 +444,11 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
     assert_eq!(total(&t, Filter::default()).await, (TOTAL - TO_B) as u64);
 
     // refused targets leave the entry unresolved
-    let victim = lot
-        .select(&Filter {
-            message_id: Some("m-0".into()),
-            ..f()
-        })
-        .await
-        .unwrap()
-        .entries;
+    let m0 = Filter {
+        message_id: Some("m-0".into()),
+        ..f()
+    };
+    let victim = lot.select(&fresh(&lot, &m0).await, &m0).await.unwrap().entries;
     assert_eq!(victim.len(), 1);
     for (to, error) in [
         (missing.as_str(), "no queue"),
@@ -416,7 +459,7 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
             to: Some(to.to_string()),
             ..options.clone()
         };
-        let outcomes = lot.replay(&victim, &options).await.unwrap();
+        let outcomes = lot.replay(&SharedIndex::default(), &victim, &options).await.unwrap();
         match &outcomes[0].status {
             Status::Failed { error: e } => assert!(e.contains(error), "{to}: {e}"),
             other => panic!("{to}: {other:?}"),
@@ -440,12 +483,15 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
         reason: Some("max-attempts".into()),
         ..f()
     };
-    let dry = lot.select(&to_a_max).await.unwrap();
+    let dry = lot.select(&fresh(&lot, &to_a_max).await, &to_a_max).await.unwrap();
     let dry_options = ReplayOptions {
         dry_run: true,
         ..options.clone()
     };
-    let outcomes = lot.replay(&dry.entries, &dry_options).await.unwrap();
+    let outcomes = lot
+        .replay(&SharedIndex::default(), &dry.entries, &dry_options)
+        .await
+        .unwrap();
     assert_eq!(outcomes.len(), TO_A);
     assert!(
         outcomes
@@ -467,18 +513,37 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
     assert!(matches!(lot.lock().await, Err(parking::ParkingError::Busy(_))));
     drop(held);
     let _ = other.close(200, "gone".into()).await;
-    lot.lock().await.expect("a dead holder's lock is free").release().await;
+    // the broker deletes a dead connection's exclusive queue shortly after the close
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match lot.lock().await {
+            Ok(lock) => break lock.release().await,
+            Err(parking::ParkingError::Busy(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("a dead holder's lock is free: {e}"),
+        }
+    }
 
     // discard hides them; --all shows them discarded
     let no_destination = Filter {
         reason: Some("no-destination".into()),
         ..f()
     };
-    let doomed = lot.select(&no_destination).await.unwrap();
-    let outcomes = lot.discard(&doomed.entries, "test").await.unwrap();
+    let doomed = lot
+        .select(&fresh(&lot, &no_destination).await, &no_destination)
+        .await
+        .unwrap();
+    let outcomes = lot
+        .discard(&SharedIndex::default(), &doomed.entries, "test")
+        .await
+        .unwrap();
     assert!(outcomes.iter().all(|o| o.status == Status::Discarded));
     assert_eq!(total(&t, no_destination.clone()).await, 0);
-    let discarded = lot.list(&no_destination, page(5), true).await.unwrap();
+    let discarded = lot
+        .list(&fresh(&lot, &no_destination).await, &no_destination, page(5), true)
+        .await
+        .unwrap();
     assert_eq!(discarded.total, NO_DESTINATION as u64);
     assert!(
         discarded
@@ -507,7 +572,11 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
     t.parked(1).await;
     let stream = t.parked_stream();
     let lot = t.lot();
-    let entries = lot.select(&Filter::default()).await.unwrap().entries;
+    let entries = lot
+        .select(&fresh(&lot, &Filter::default()).await, &Filter::default())
+        .await
+        .unwrap()
+        .entries;
     let origin = format!("{stream}@{}", entries[0].offset);
     let options = ReplayOptions {
         to: None,
@@ -516,7 +585,7 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
         by: "test".into(),
     };
     assert_eq!(
-        lot.replay(&entries, &options).await.unwrap()[0].status,
+        lot.replay(&SharedIndex::default(), &entries, &options).await.unwrap()[0].status,
         Status::Replayed
     );
 
@@ -531,7 +600,15 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
     }
     let deadline = Instant::now() + WAIT;
     let again = loop {
-        let page = lot.list(&Filter::default(), page(10), false).await.unwrap();
+        let page = lot
+            .list(
+                &fresh(&lot, &Filter::default()).await,
+                &Filter::default(),
+                page(10),
+                false,
+            )
+            .await
+            .unwrap();
         if let Some(entry) = page.entries.into_iter().next() {
             break entry;
         }
@@ -552,7 +629,15 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
         "lineage: replayed from"
     );
     // the first entry stays resolved; the second is the only open one
-    let open = lot.list(&Filter::default(), page(10), true).await.unwrap();
+    let open = lot
+        .list(
+            &fresh(&lot, &Filter::default()).await,
+            &Filter::default(),
+            page(10),
+            true,
+        )
+        .await
+        .unwrap();
     assert_eq!(open.total, 2);
     assert!(open.entries[1].resolution.is_some() && open.entries[0].resolution.is_none());
     t.stop_service().await;

@@ -301,6 +301,8 @@ async fn a_missing_destination_is_parked_as_no_route() {
     assert_eq!(parked.destination.as_deref(), Some(missing.as_str()));
     assert_eq!(parked.message.body().unwrap(), b"nowhere");
     assert_eq!(parked.attempts, Some(1));
+    let attempts: Vec<u64> = parked.history.iter().map(|e| e.attempt).collect();
+    assert_eq!(attempts, [1], "a returned publish keeps the history it carried");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,4 +331,66 @@ async fn shutdown_mid_flight_drains_and_loses_nothing() {
         d.acker.ack(BasicAckOptions::default()).await.unwrap();
     }
     assert_eq!(seen.len(), n);
+}
+
+/// Fails every delivery of one message on `queue` by republishing it to the intake, as a
+/// consumer does, `failures` times, and checks what each retry carried in `retry-history`.
+async fn fail_every_delivery(t: &TestLadder, consumer: &mut lapin::Consumer, queue: &str, failures: usize) {
+    for failure in 0..failures {
+        let d = next(consumer).await;
+        if failure > 0 {
+            let history = headers_of(&d)
+                .get("retry-history")
+                .expect("a retry carries its history");
+            assert!(matches!(history, AMQPValue::LongString(_)), "{history:?}");
+        }
+        let props = republish_props(&d, &[("retry-to", text(queue))]);
+        t.publish(&t.intake(), "", &d.data, props).await;
+        d.acker.ack(BasicAckOptions::default()).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_records_carry_the_attempt_history_and_replay_lineage() {
+    let mut t = TestLadder::start("history", THREE_TIERS).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let started = now_ms();
+    t.publish("", &orders, b"history", BasicProperties::default()).await;
+
+    // three failures are scheduled as retries 1..3; the fourth exhausts the ladder
+    fail_every_delivery(&t, &mut consumer, &orders, 4).await;
+    let first = t.parked(1).await.remove(0);
+    assert_eq!((first.reason.as_str(), first.attempts), ("max-attempts", Some(3)));
+    assert_eq!(first.replayed_from, None);
+    let tiers: Vec<String> = t.config.ladders[0].tiers.iter().map(|tier| tier.name.clone()).collect();
+    assert_eq!(tiers, ["200ms", "500ms", "1s"]);
+    let attempts: Vec<u64> = first.history.iter().map(|e| e.attempt).collect();
+    assert_eq!(attempts, [1, 2, 3], "{:?}", first.history);
+    let history_tiers: Vec<&str> = first.history.iter().map(|e| e.tier.as_str()).collect();
+    assert_eq!(history_tiers, tiers);
+    let times: Vec<u64> = first.history.iter().map(|e| e.failed_at_ms).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(times[0] >= started && times[2] <= first.parked_at_ms, "{times:?}");
+    assert_eq!(first.first_failed_at_ms, Some(times[0]));
+
+    // replay it as `ladder parked replay` would (the stream's first record is offset 0), and
+    // fail it to the end of the ladder again
+    let origin = format!("{}@0", t.parked_stream());
+    let replayed = ladder::protocol::replay_properties(
+        &first.message.properties().unwrap(),
+        &[("retry-replayed-from", text(&origin))],
+    );
+    t.publish("", &orders, &first.message.body().unwrap(), replayed).await;
+    fail_every_delivery(&t, &mut consumer, &orders, 4).await;
+    let again = t.parked(2).await.remove(1);
+    assert_eq!((again.reason.as_str(), again.attempts), ("max-attempts", Some(3)));
+    assert_eq!(again.replayed_from.as_deref(), Some(origin.as_str()));
+    // lineage: the first pass's entries, then the second pass's, counted from 1 again
+    let attempts: Vec<u64> = again.history.iter().map(|e| e.attempt).collect();
+    assert_eq!(attempts, [1, 2, 3, 1, 2, 3], "{:?}", again.history);
+    assert_eq!(again.history[..3], first.history[..]);
+    let times: Vec<u64> = again.history.iter().map(|e| e.failed_at_ms).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(times[3] >= first.parked_at_ms, "{times:?}");
 }

@@ -1,0 +1,561 @@
+//! A compact in-memory index of one parking lot, built by reading its stream once: one small row
+//! per parked entry (offset, time, destination, reason, hashed ids, resolution) so that listing,
+//! counting and filtering by the indexed fields never rereads the stream.
+//!
+//! It is a cache, never the state: the stream (entries plus resolution records) is the truth,
+//! and any index can be rebuilt from it. The CLI builds one per command; the running service
+//! keeps one per ladder that follows the stream ([`crate::operator`]), so every replica serves
+//! the same view a few milliseconds behind the stream.
+//!
+//! What it cannot answer — header `key=value` and body substring searches — the caller checks on
+//! the records it fetches ([`Filter::needs_records`]). Pure: no I/O.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use crate::parking::{Action, Filter, ParkingError, RESOLUTION_FORMAT, Resolution};
+
+/// The index keeps at most this many entries and drops the oldest beyond it (they stay in the
+/// stream, reachable by offset). A row takes about 56 bytes, so the cap bounds an index near
+/// 550 MB; the stream's own retention normally removes entries long before.
+pub const MAX_INDEXED_ENTRIES: usize = 10_000_000;
+
+/// What the index needs of a parked record: its body is skipped, headers are not built.
+#[derive(Deserialize)]
+struct Summary {
+    reason: String,
+    destination: Option<String>,
+    parked_at_ms: u64,
+    message: SummaryMessage,
+}
+
+#[derive(Deserialize)]
+struct SummaryMessage {
+    properties: SummaryProperties,
+}
+
+#[derive(Deserialize)]
+struct SummaryProperties {
+    message_id: Option<String>,
+    correlation_id: Option<String>,
+    // Present so serde skips it in place (it may nest deeply).
+    #[serde(default)]
+    #[allow(dead_code)]
+    headers: Option<IgnoredAny>,
+}
+
+/// One indexed record, decoded from a stream delivery's `type` property and body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Indexed {
+    /// A parked entry.
+    Entry(EntrySummary),
+    /// A resolution of an earlier entry.
+    Resolution(Resolution),
+}
+
+/// The indexed fields of a parked entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntrySummary {
+    /// Reason code.
+    pub reason: String,
+    /// Destination queue, if known.
+    pub destination: Option<String>,
+    /// When it was parked, ms since the epoch.
+    pub parked_at_ms: u64,
+    /// The original `message_id`.
+    pub message_id: Option<String>,
+    /// The original `correlation_id`.
+    pub correlation_id: Option<String>,
+}
+
+/// Decodes what the index needs of one record. A record of neither kind is an error the caller
+/// logs and skips.
+pub fn decode(kind: Option<&str>, body: &[u8]) -> Result<Indexed, ParkingError> {
+    if kind == Some(RESOLUTION_FORMAT) {
+        let resolution: Resolution =
+            serde_json::from_slice(body).map_err(|e| ParkingError::Invalid(format!("invalid resolution: {e}")))?;
+        return Ok(Indexed::Resolution(resolution));
+    }
+    let mut json = serde_json::Deserializer::from_slice(body);
+    json.disable_recursion_limit();
+    let summary = Summary::deserialize(serde_stacker::Deserializer::new(&mut json))
+        .map_err(|e| ParkingError::Invalid(format!("invalid parked envelope: {e}")))?;
+    Ok(Indexed::Entry(EntrySummary {
+        reason: summary.reason,
+        destination: summary.destination,
+        parked_at_ms: summary.parked_at_ms,
+        message_id: summary.message.properties.message_id,
+        correlation_id: summary.message.properties.correlation_id,
+    }))
+}
+
+/// "No value" in an interned column.
+const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    offset: u64,
+    parked_at_ms: u64,
+    message_id: u64,
+    correlation_id: u64,
+    destination: u32,
+    reason: u32,
+    resolved: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CompactResolution {
+    action: Action,
+    by: u32,
+    to: u32,
+    at_ms: u64,
+}
+
+/// Strings seen in a column, stored once.
+#[derive(Debug, Default)]
+struct Interner {
+    ids: HashMap<String, u32>,
+    names: Vec<String>,
+}
+
+impl Interner {
+    fn intern(&mut self, name: Option<&str>) -> u32 {
+        let Some(name) = name else { return NONE };
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(name.to_string());
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    /// `Some(NONE)` for "must be absent" is not needed: filters only ask for present values.
+    fn lookup(&self, name: &str) -> Option<u32> {
+        self.ids.get(name).copied()
+    }
+
+    fn name(&self, id: u32) -> Option<&str> {
+        self.names.get(id as usize).map(String::as_str)
+    }
+}
+
+fn hash(text: Option<&str>) -> u64 {
+    let Some(text) = text else { return 0 };
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
+    // 0 means "absent"
+    h.finish().max(1)
+}
+
+/// Unresolved entries per destination (`-` for none) and per reason, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UnresolvedCounts {
+    /// Count per destination.
+    pub by_destination: Vec<(String, u64)>,
+    /// Count per reason.
+    pub by_reason: Vec<(String, u64)>,
+}
+
+/// A [`LotIndex`] shared between the task that follows the stream and the requests that read
+/// it. Locks are held only for in-memory work, never across an await.
+#[derive(Debug, Clone, Default)]
+pub struct SharedIndex(Arc<RwLock<LotIndex>>);
+
+impl SharedIndex {
+    /// Reads the index. A writer that panicked left it consistent (each apply is one row), so a
+    /// poisoned lock is still used.
+    pub fn read(&self) -> RwLockReadGuard<'_, LotIndex> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes the index.
+    pub fn write(&self) -> RwLockWriteGuard<'_, LotIndex> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A page of offsets, newest first, and how many entries matched in all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetPage {
+    /// Matching entries.
+    pub total: u64,
+    /// The page's offsets, newest first.
+    pub offsets: Vec<u64>,
+}
+
+/// The index of one parking lot.
+#[derive(Debug, Default)]
+pub struct LotIndex {
+    rows: VecDeque<Row>,
+    /// Rows dropped from the front by [`MAX_INDEXED_ENTRIES`].
+    dropped: u64,
+    destinations: Interner,
+    reasons: Interner,
+    people: Interner,
+    resolutions: HashMap<u64, CompactResolution>,
+    /// The offset after the last record applied.
+    next: Option<u64>,
+}
+
+impl LotIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where reading must continue: the offset after the last record applied, or `None` before
+    /// the first.
+    pub fn next_offset(&self) -> Option<u64> {
+        self.next
+    }
+
+    /// Indexed entries (resolved or not).
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no entry is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Entries dropped because of [`MAX_INDEXED_ENTRIES`].
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Applies the record at `offset`. Records are applied in stream order; applying one again
+    /// (a follower that resumed a little early) changes nothing.
+    pub fn apply(&mut self, offset: u64, record: Indexed) {
+        if self.next.is_some_and(|next| offset < next) {
+            // Already applied, except a resolution that was applied locally first (see
+            // `resolve`), which is idempotent anyway.
+            if let Indexed::Resolution(r) = record {
+                self.resolve(&r);
+            }
+            return;
+        }
+        self.next = Some(offset + 1);
+        match record {
+            Indexed::Entry(e) => {
+                if self.rows.len() >= MAX_INDEXED_ENTRIES
+                    && let Some(old) = self.rows.pop_front()
+                {
+                    self.resolutions.remove(&old.offset);
+                    self.dropped += 1;
+                }
+                self.rows.push_back(Row {
+                    offset,
+                    parked_at_ms: e.parked_at_ms,
+                    message_id: hash(e.message_id.as_deref()),
+                    correlation_id: hash(e.correlation_id.as_deref()),
+                    destination: self.destinations.intern(e.destination.as_deref()),
+                    reason: self.reasons.intern(Some(&e.reason)),
+                    resolved: false,
+                });
+            }
+            Indexed::Resolution(r) => self.resolve(&r),
+        }
+    }
+
+    /// Moves past a record that could not be decoded.
+    pub fn skip(&mut self, offset: u64) {
+        if self.next.is_none_or(|next| offset >= next) {
+            self.next = Some(offset + 1);
+        }
+    }
+
+    /// Records a resolution (the newest wins). The service calls this as soon as its own
+    /// resolution is confirmed, before the follower reads it back from the stream.
+    pub fn resolve(&mut self, r: &Resolution) {
+        let Ok(i) = self.rows.binary_search_by_key(&r.resolves, |row| row.offset) else {
+            return;
+        };
+        self.rows[i].resolved = true;
+        let compact = CompactResolution {
+            action: r.action,
+            by: self.people.intern(Some(&r.by)),
+            to: self.destinations.intern(r.to.as_deref()),
+            at_ms: r.at_ms,
+        };
+        let newest = self.resolutions.get(&r.resolves).is_none_or(|old| old.at_ms <= r.at_ms);
+        if newest {
+            self.resolutions.insert(r.resolves, compact);
+        }
+    }
+
+    /// How the entry at `offset` was resolved; `Err(())` if no entry is indexed there.
+    #[allow(clippy::result_unit_err)]
+    pub fn resolution(&self, offset: u64) -> Result<Option<Resolution>, ()> {
+        self.rows
+            .binary_search_by_key(&offset, |row| row.offset)
+            .map_err(|_| ())?;
+        Ok(self.resolutions.get(&offset).map(|c| Resolution {
+            format: RESOLUTION_FORMAT.to_string(),
+            resolves: offset,
+            action: c.action,
+            by: self.people.name(c.by).unwrap_or("?").to_string(),
+            at_ms: c.at_ms,
+            to: self.destinations.name(c.to).map(str::to_string),
+        }))
+    }
+
+    /// A predicate over rows for the indexed part of `filter`; `None` if nothing can match (a
+    /// destination or reason the index has never seen).
+    fn predicate<'a>(&'a self, filter: &'a Filter, include_resolved: bool) -> Option<impl Fn(&Row) -> bool + 'a> {
+        let lookup = |interner: &Interner, want: &Option<String>| match want {
+            None => Some(None),
+            Some(name) => interner.lookup(name).map(Some),
+        };
+        let destination = lookup(&self.destinations, &filter.destination)?;
+        let reason = lookup(&self.reasons, &filter.reason)?;
+        let message_id = filter.message_id.as_deref().map(|m| hash(Some(m)));
+        let correlation_id = filter.correlation_id.as_deref().map(|c| hash(Some(c)));
+        let offsets = filter.offsets.as_ref();
+        let (since, until) = (filter.since_ms, filter.until_ms);
+        Some(move |row: &Row| {
+            (include_resolved || !row.resolved)
+                && destination.is_none_or(|d| row.destination == d)
+                && reason.is_none_or(|r| row.reason == r)
+                && since.is_none_or(|t| row.parked_at_ms >= t)
+                && until.is_none_or(|t| row.parked_at_ms <= t)
+                && message_id.is_none_or(|m| row.message_id == m)
+                && correlation_id.is_none_or(|c| row.correlation_id == c)
+                && offsets.is_none_or(|o| o.contains(&row.offset))
+        })
+    }
+
+    /// Entries matching the indexed part of `filter` (all of it unless
+    /// [`Filter::needs_records`]): the total, and the offsets of `limit` of them after skipping
+    /// the `skip` newest.
+    pub fn page(&self, filter: &Filter, include_resolved: bool, skip: usize, limit: usize) -> OffsetPage {
+        let Some(matches) = self.predicate(filter, include_resolved) else {
+            return OffsetPage {
+                total: 0,
+                offsets: vec![],
+            };
+        };
+        let mut total = 0u64;
+        let mut offsets = Vec::with_capacity(limit.min(1024));
+        for row in self.rows.iter().rev().filter(|row| matches(row)) {
+            if total >= skip as u64 && offsets.len() < limit {
+                offsets.push(row.offset);
+            }
+            total += 1;
+        }
+        OffsetPage { total, offsets }
+    }
+
+    /// Every offset matching the indexed part of `filter`, oldest first (candidates for a
+    /// replay, a discard or a search the index cannot finish).
+    pub fn candidates(&self, filter: &Filter, include_resolved: bool) -> Vec<u64> {
+        match self.predicate(filter, include_resolved) {
+            Some(matches) => self.rows.iter().filter(|r| matches(r)).map(|r| r.offset).collect(),
+            None => vec![],
+        }
+    }
+
+    /// Unresolved entries per destination and per reason, for an overview.
+    pub fn unresolved_counts(&self) -> UnresolvedCounts {
+        let mut by_destination: HashMap<u32, u64> = HashMap::new();
+        let mut by_reason: HashMap<u32, u64> = HashMap::new();
+        for row in self.rows.iter().filter(|r| !r.resolved) {
+            *by_destination.entry(row.destination).or_default() += 1;
+            *by_reason.entry(row.reason).or_default() += 1;
+        }
+        let named = |interner: &Interner, counts: HashMap<u32, u64>| {
+            let mut out: Vec<(String, u64)> = counts
+                .into_iter()
+                .map(|(id, n)| (interner.name(id).unwrap_or("-").to_string(), n))
+                .collect();
+            out.sort();
+            out
+        };
+        UnresolvedCounts {
+            by_destination: named(&self.destinations, by_destination),
+            by_reason: named(&self.reasons, by_reason),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn entry(reason: &str, destination: Option<&str>, at: u64, message_id: Option<&str>) -> Indexed {
+        Indexed::Entry(EntrySummary {
+            reason: reason.into(),
+            destination: destination.map(str::to_string),
+            parked_at_ms: at,
+            message_id: message_id.map(str::to_string),
+            correlation_id: None,
+        })
+    }
+
+    fn resolution(offset: u64, action: Action, at_ms: u64) -> Indexed {
+        Indexed::Resolution(Resolution {
+            format: RESOLUTION_FORMAT.into(),
+            resolves: offset,
+            action,
+            by: "ops".into(),
+            at_ms,
+            to: (action == Action::Replayed).then(|| "orders".to_string()),
+        })
+    }
+
+    /// offsets 0..6: entries at 0,1,2,4,5 and a resolution of 1 at offset 3.
+    fn index() -> LotIndex {
+        let mut ix = LotIndex::new();
+        ix.apply(0, entry("max-attempts", Some("orders"), 1_000, Some("m0")));
+        ix.apply(1, entry("no-route", Some("billing"), 2_000, Some("m1")));
+        ix.apply(2, entry("max-attempts", Some("orders"), 3_000, Some("m2")));
+        ix.apply(3, resolution(1, Action::Replayed, 3_500));
+        ix.apply(4, entry("invalid-header", None, 4_000, None));
+        ix.apply(5, entry("max-attempts", Some("billing"), 5_000, Some("m5")));
+        ix
+    }
+
+    #[test]
+    fn pages_are_newest_first_and_skip_resolved_unless_asked() {
+        let ix = index();
+        let all = Filter::default();
+        assert_eq!(
+            ix.page(&all, false, 0, 10),
+            OffsetPage {
+                total: 4,
+                offsets: vec![5, 4, 2, 0]
+            }
+        );
+        assert_eq!(ix.page(&all, true, 0, 10).offsets, vec![5, 4, 2, 1, 0]);
+        assert_eq!(
+            ix.page(&all, false, 1, 2),
+            OffsetPage {
+                total: 4,
+                offsets: vec![4, 2]
+            }
+        );
+        assert_eq!(ix.page(&all, false, 10, 2).offsets, Vec::<u64>::new());
+        assert_eq!(ix.next_offset(), Some(6));
+    }
+
+    #[test]
+    fn indexed_fields_filter() {
+        let ix = index();
+        let count = |f: Filter| ix.page(&f, false, 0, 100).total;
+        let f = |edit: fn(&mut Filter)| {
+            let mut f = Filter::default();
+            edit(&mut f);
+            f
+        };
+        assert_eq!(count(f(|f| f.destination = Some("orders".into()))), 2);
+        assert_eq!(count(f(|f| f.destination = Some("nowhere".into()))), 0);
+        assert_eq!(count(f(|f| f.reason = Some("max-attempts".into()))), 3);
+        assert_eq!(count(f(|f| f.reason = Some("no-route".into()))), 0, "resolved");
+        assert_eq!(count(f(|f| f.message_id = Some("m2".into()))), 1);
+        assert_eq!(count(f(|f| f.message_id = Some("m9".into()))), 0);
+        assert_eq!(count(f(|f| f.since_ms = Some(3_000))), 3);
+        assert_eq!(count(f(|f| f.until_ms = Some(3_000))), 2);
+        assert_eq!(count(f(|f| f.offsets = Some(BTreeSet::from([0, 1, 5])))), 2);
+        assert_eq!(
+            ix.candidates(&f(|f| f.destination = Some("billing".into())), false),
+            vec![5]
+        );
+    }
+
+    #[test]
+    fn the_newest_resolution_wins_and_reapplying_changes_nothing() {
+        let mut ix = index();
+        assert_eq!(ix.resolution(1).unwrap().unwrap().action, Action::Replayed);
+        ix.apply(6, resolution(1, Action::Discarded, 9_000));
+        assert_eq!(ix.resolution(1).unwrap().unwrap().action, Action::Discarded);
+        // a follower resuming early re-applies records it has seen
+        ix.apply(2, entry("max-attempts", Some("orders"), 3_000, Some("m2")));
+        ix.apply(3, resolution(1, Action::Replayed, 3_500));
+        assert_eq!(ix.len(), 5);
+        assert_eq!(ix.resolution(1).unwrap().unwrap().action, Action::Discarded);
+        assert_eq!(ix.resolution(0).unwrap(), None);
+        assert!(
+            ix.resolution(3).is_err(),
+            "offset 3 is a resolution record, not an entry"
+        );
+    }
+
+    #[test]
+    fn a_local_resolution_counts_before_the_stream_returns_it() {
+        let mut ix = index();
+        let Indexed::Resolution(r) = resolution(2, Action::Discarded, 6_000) else {
+            unreachable!()
+        };
+        ix.resolve(&r);
+        assert_eq!(ix.page(&Filter::default(), false, 0, 10).offsets, vec![5, 4, 0]);
+        ix.apply(7, Indexed::Resolution(r));
+        assert_eq!(ix.page(&Filter::default(), false, 0, 10).total, 3);
+    }
+
+    #[test]
+    fn unresolved_counts_group_by_destination_and_reason() {
+        let counts = index().unresolved_counts();
+        assert_eq!(
+            counts.by_destination,
+            vec![("-".into(), 1), ("billing".into(), 1), ("orders".into(), 2)]
+        );
+        assert_eq!(
+            counts.by_reason,
+            vec![("invalid-header".into(), 1), ("max-attempts".into(), 3)]
+        );
+    }
+
+    #[test]
+    fn decodes_summaries_without_building_headers() {
+        let body = br#"{"format":"ladder.parked/v1","reason":"no-route","detail":"d","ladder":"l",
+            "destination":"orders","attempts":2,"first_failed_at_ms":1,"parked_at_ms":7,"hop":"due",
+            "message":{"exchange":"","routing_key":"q","properties":{"message_id":"m","headers":
+            {"deep":{"type":"table","value":{"a":{"type":"table","value":{}}}}}},"body_base64":""}}"#;
+        match decode(None, body).unwrap() {
+            Indexed::Entry(e) => {
+                assert_eq!(e.reason, "no-route");
+                assert_eq!(e.destination.as_deref(), Some("orders"));
+                assert_eq!(e.parked_at_ms, 7);
+                assert_eq!(e.message_id.as_deref(), Some("m"));
+                assert_eq!(e.correlation_id, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let r = br#"{"format":"ladder.resolution/v1","resolves":3,"action":"discarded","by":"x","at_ms":1}"#;
+        assert!(matches!(
+            decode(Some(RESOLUTION_FORMAT), r).unwrap(),
+            Indexed::Resolution(_)
+        ));
+        assert!(decode(None, b"{}").is_err());
+    }
+
+    #[test]
+    fn a_million_rows_stay_compact_and_fast() {
+        let mut ix = LotIndex::new();
+        for i in 0..1_000_000u64 {
+            let destination = format!("queue-{}", i % 50);
+            let id = format!("m{i}");
+            ix.apply(i, entry("max-attempts", Some(&destination), i, Some(&id)));
+        }
+        assert_eq!(std::mem::size_of::<Row>(), 48);
+        let f = Filter {
+            destination: Some("queue-7".into()),
+            ..Filter::default()
+        };
+        let page = ix.page(&f, false, 0, 50);
+        assert_eq!(page.total, 20_000);
+        assert_eq!(page.offsets[0], 999_957);
+        let by_id = Filter {
+            message_id: Some("m123456".into()),
+            ..Filter::default()
+        };
+        assert_eq!(ix.page(&by_id, false, 0, 50).offsets, vec![123_456]);
+    }
+}

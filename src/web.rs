@@ -1,0 +1,584 @@
+//! The operator web page on the admin server: server-rendered HTML (maud escapes every value),
+//! no JavaScript and no front-end build. Pages:
+//!
+//! - `/` — every ladder: tiers with their depths, rates, accounting, unresolved parked entries;
+//! - `/ladders/{ladder}/parked` — the parked list with the API's filters and paging;
+//! - `/ladders/{ladder}/parked/{offset}` — one entry: reason, history, properties, headers, body;
+//! - `/ladders/{ladder}/parked/{offset}/{replay|discard}` — a confirmation form (GET) that asks
+//!   for a token from `admin.tokens`, and the action (POST);
+//! - `/ladders/{ladder}/matching/{replay|discard}?<filters>` — the same for every unresolved
+//!   entry matching a filter, with the count shown before confirming and a rate for replays.
+//!
+//! Element ids and classes (`#ladders`, `#filters`, `#total`, `tr.entry`, `a.show`, `#body`,
+//! `#resolution`, `#confirm`, `#outcome`, …) are a contract with the browser test
+//! (`tests/browser.rs`). Everything the page does goes through the same [`crate::operator`]
+//! calls as the JSON API.
+
+use std::sync::Arc;
+
+use axum::Form;
+use axum::extract::{Path, Query, State as Extract};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+use serde_json::Value;
+
+use crate::admin::{AdminState, LaddersView};
+use crate::api::{self, Denied, ListQuery};
+use crate::parking::{self, Filter, PageRequest, ParkedEntry, ParkingError, ReplayOptions, Status, format_time};
+use crate::protocol::ParkReason;
+
+/// The default rate offered for replaying everything that matches a filter: gentle enough for a
+/// service that just recovered.
+const DEFAULT_BULK_RATE: &str = "50/s";
+
+const STYLE: &str = "
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}
+table{border-collapse:collapse;margin:.5rem 0}
+td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f3f3f3}
+pre{background:#f7f7f7;padding:.5rem;overflow:auto;max-height:30rem}
+form#filters label{display:inline-block;margin:.2rem .6rem .2rem 0}
+.error{color:#a00}.ok{color:#070}
+nav a{margin-right:1rem}
+";
+
+fn page(title: &str, body: Markup) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    title { (title) " — Ladder" }
+                    style { (PreEscaped(STYLE)) }
+                }
+                body {
+                    nav { a href="/" { "Ladders" } a href="/metrics" { "Metrics" } a href="/api/ladders" { "JSON" } }
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+        .into_string(),
+    )
+}
+
+fn error_page(status: StatusCode, message: &str) -> Response {
+    let body = html! { p #outcome .error { (message) } p { a href="/" { "Back to the ladders" } } };
+    (status, page("Error", body)).into_response()
+}
+
+fn parking_error(e: &ParkingError) -> Response {
+    error_page(api::ApiError::status(e), &e.to_string())
+}
+
+/// A query string from pairs, without empty values.
+fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if !v.is_empty() {
+            out.append_pair(k, v);
+        }
+    }
+    out.finish()
+}
+
+fn rate(value: f64) -> String {
+    format!("{value:.1}/s")
+}
+
+pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<String> {
+    let snapshot = state.snapshots.borrow().clone();
+    let view = LaddersView::new(&state.config, snapshot.as_deref());
+    let depth = |l: &crate::admin::LadderView, role: &str| -> String {
+        match l.depths.as_ref().map(|d| d.get(role).copied().flatten()) {
+            Some(Some(n)) => n.to_string(),
+            Some(None) => "missing".into(),
+            None => "?".into(),
+        }
+    };
+    let body = html! {
+        p {
+            "Namespace " code { (view.namespace) } ". "
+            @match view.polled_at_ms {
+                Some(at) => { "Depths polled at " (format_time(at)) "." }
+                None => { "Depths not polled yet." }
+            }
+            @if let Some(e) = &view.broker_error { span .error { " Broker: " (e) } }
+        }
+        table #ladders {
+            tr { th { "Ladder" } th { "Tiers (delay: waiting)" } th { "Intake / due" } th { "Rates" }
+                 th { "Accounting" } th { "Parked, unresolved" } }
+            @for l in &view.ladders {
+                @let status = state.desk.status(&l.name).ok();
+                tr data-ladder=(l.name) {
+                    td { b { (l.name) } br; code { (l.exchange) } br; "max attempts " (l.max_attempts) }
+                    td {
+                        @for t in &l.tiers {
+                            (t.name) ": " (depth(l, &format!("delay.{}", t.name))) br;
+                        }
+                    }
+                    td { (depth(l, "intake")) " / " (depth(l, "due")) }
+                    td {
+                        @match &l.rates {
+                            Some(r) => {
+                                "received " (rate(r.received)) br; "scheduled " (rate(r.scheduled)) br;
+                                "delivered " (rate(r.delivered)) br; "parked " (rate(r.parked))
+                            }
+                            None => { "-" }
+                        }
+                    }
+                    td { @match &l.accounting { Some(a) => { (a.verdict) } None => { "-" } } }
+                    td {
+                        @if let Some(s) = &status {
+                            @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
+                            span .unresolved { (unresolved) } " of " (s.entries) " indexed" br;
+                            @for (reason, n) in &s.unresolved.by_reason { (reason) ": " (n) br; }
+                        }
+                        a .parked-link href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }
+                    }
+                }
+            }
+        }
+    };
+    page("Ladders", body)
+}
+
+fn filter_form(ladder: &str, pairs: &[(String, String)]) -> Markup {
+    let value = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or("", |(_, v)| v.as_str())
+            .to_string()
+    };
+    let text = |key: &str, label: &str, hint: &str| {
+        html! { label { (label) " " input type="text" name=(key) value=(value(key)) placeholder=(hint); } }
+    };
+    let reason = value("reason");
+    html! {
+        form #filters method="get" action={ "/ladders/" (ladder) "/parked" } {
+            (text("destination", "Destination", "queue"))
+            label { "Reason " select name="reason" {
+                option value="" selected[reason.is_empty()] { "any" }
+                @for r in ParkReason::ALL {
+                    option value=(r.code()) selected[reason == r.code()] { (r.code()) }
+                }
+            } }
+            (text("message_id", "Message id", ""))
+            (text("correlation_id", "Correlation id", ""))
+            (text("header", "Header", "key=value"))
+            (text("body", "Body contains", ""))
+            (text("since", "Since", "2h or RFC 3339"))
+            (text("until", "Until", "10m or RFC 3339"))
+            label { input type="checkbox" name="resolved" value="include" checked[!value("resolved").is_empty()];
+                    " include resolved" }
+            " " button #apply type="submit" { "Apply" }
+        }
+    }
+}
+
+pub(crate) async fn list(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path(ladder): Path<String>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let title = format!("Parked — {ladder}");
+    let q = match api::parse_query(&pairs, crate::relay::now_ms()) {
+        Ok(q) => q,
+        Err(e) => {
+            let body = html! { (filter_form(&ladder, &pairs)) p #outcome .error { (e) } };
+            return (StatusCode::BAD_REQUEST, page(&title, body)).into_response();
+        }
+    };
+    let found = match state.desk.list(&ladder, &q.filter, q.page, q.include_resolved).await {
+        Ok(found) => found,
+        Err(e) => return parking_error(&e),
+    };
+    let filters: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter(|(k, _)| k != "offset" && k != "limit")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let paged = |offset: usize| {
+        let offset = offset.to_string();
+        let mut all = filters.clone();
+        all.push(("offset", &offset));
+        format!("/ladders/{ladder}/parked?{}", query_string(all))
+    };
+    let action_link = |action: &str| format!("/ladders/{ladder}/matching/{action}?{}", query_string(filters.clone()));
+    let PageRequest { offset, limit } = q.page;
+    let body = html! {
+        (filter_form(&ladder, &pairs))
+        p {
+            span #total { (found.total) } " matching " @if q.include_resolved { "entries" } @else { "unresolved entries" }
+            @if !found.entries.is_empty() { ", showing " (offset + 1) "–" (offset + found.entries.len()) }
+            ". "
+            @if found.total > 0 && !q.filter.is_empty() {
+                a #replay-matching href=(action_link("replay")) { "Replay all matching" } " · "
+                a #discard-matching href=(action_link("discard")) { "Discard all matching" }
+            }
+        }
+        table #entries {
+            tr { th { "Offset" } th { "Parked at" } th { "Reason" } th { "Destination" } th { "Attempts" }
+                 th { "Message id" } th { "Resolution" } }
+            @for e in &found.entries {
+                tr .entry data-offset=(e.offset) {
+                    td { a .show href={ "/ladders/" (ladder) "/parked/" (e.offset) } { (e.offset) } }
+                    td { (format_time(e.envelope.parked_at_ms)) }
+                    td .reason { (e.envelope.reason) }
+                    td .destination { (e.envelope.destination.as_deref().unwrap_or("-")) }
+                    td { (e.envelope.attempts.map_or("-".to_string(), |a| a.to_string())) }
+                    td .message-id { (message_id(e)) }
+                    td { (describe(e)) }
+                }
+            }
+        }
+        p {
+            @if offset > 0 { a #previous href=(paged(offset.saturating_sub(limit))) { "← newer" } " " }
+            @if (offset + found.entries.len()) < found.total as usize { a #next href=(paged(offset + limit)) { "older →" } }
+        }
+    };
+    page(&title, body).into_response()
+}
+
+fn message_id(e: &ParkedEntry) -> &str {
+    e.envelope
+        .message
+        .properties
+        .get("message_id")
+        .and_then(Value::as_str)
+        .unwrap_or("-")
+}
+
+fn describe(e: &ParkedEntry) -> String {
+    match &e.resolution {
+        None => "unresolved".into(),
+        Some(r) => match r.action {
+            parking::Action::Replayed => format!(
+                "replayed to {} by {} at {}",
+                r.to.as_deref().unwrap_or("?"),
+                r.by,
+                format_time(r.at_ms)
+            ),
+            parking::Action::Discarded => format!("discarded by {} at {}", r.by, format_time(r.at_ms)),
+        },
+    }
+}
+
+fn summary(ladder: &str, e: &ParkedEntry) -> Markup {
+    let v = &e.envelope;
+    html! {
+        table #summary {
+            tr { th { "Entry" } td { (ladder) " @ " (e.offset) } }
+            tr { th { "Reason" } td #reason { (v.reason) } }
+            tr { th { "Detail" } td { (v.detail) } }
+            tr { th { "Destination" } td #destination { (v.destination.as_deref().unwrap_or("-")) } }
+            tr { th { "Attempts" } td { (v.attempts.map_or("-".to_string(), |a| a.to_string())) } }
+            @if let Some(first) = v.first_failed_at_ms { tr { th { "First failed" } td { (format_time(first)) } } }
+            tr { th { "Parked at" } td { (format_time(v.parked_at_ms)) " (" (v.hop) " hop)" } }
+            tr { th { "Received on" } td { "exchange " code { (v.message.exchange) } ", routing key " code { (v.message.routing_key) } } }
+            tr { th { "Resolution" } td #resolution { (describe(e)) } }
+        }
+    }
+}
+
+pub(crate) async fn entry(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset)): Path<(String, u64)>,
+) -> Response {
+    let e = match state.desk.show(&ladder, offset).await {
+        Ok(e) => e,
+        Err(e) => return parking_error(&e),
+    };
+    let props = &e.envelope.message.properties;
+    let body = html! {
+        p { a href={ "/ladders/" (ladder) "/parked" } { "← all parked messages" } }
+        (summary(&ladder, &e))
+        @if e.resolution.is_none() {
+            p { a #replay href={ "/ladders/" (ladder) "/parked/" (offset) "/replay" } { "Replay…" } " · "
+                a #discard href={ "/ladders/" (ladder) "/parked/" (offset) "/discard" } { "Discard…" } }
+        }
+        h2 { "Properties" }
+        table #properties {
+            @if let Some(map) = props.as_object() {
+                @for (key, value) in map.iter().filter(|(k, _)| k.as_str() != "headers") {
+                    tr { th { (key) } td { (value_text(value)) } }
+                }
+            }
+        }
+        h2 { "Headers" }
+        table #headers {
+            tr { th { "Name" } th { "Type" } th { "Value" } }
+            @if let Some(map) = props.get("headers").and_then(Value::as_object) {
+                @for (key, typed) in map {
+                    tr {
+                        td { (key) }
+                        td { (typed.get("type").and_then(Value::as_str).unwrap_or("?")) }
+                        td { code { (value_text(typed.get("value").or_else(|| typed.get("base64")).unwrap_or(&Value::Null))) } }
+                    }
+                }
+            }
+        }
+        h2 { "Body" }
+        (body_view(&e))
+    };
+    page(&format!("Parked entry {offset}"), body).into_response()
+}
+
+fn value_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn body_view(e: &ParkedEntry) -> Markup {
+    match e.envelope.message.body() {
+        Ok(bytes) => match std::str::from_utf8(&bytes) {
+            Ok(text) => html! { p { (bytes.len()) " bytes, text" } pre #body { (text) } },
+            Err(_) => {
+                let hex: Vec<String> = bytes
+                    .chunks(16)
+                    .map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" "))
+                    .collect();
+                html! { p { (bytes.len()) " bytes, binary (hex)" } pre #body .hex { (hex.join("\n")) } }
+            }
+        },
+        Err(err) => html! { p #body .error { (err) } },
+    }
+}
+
+/// `replay` or `discard`; anything else is not a page.
+fn action_of(action: &str) -> Option<&'static str> {
+    match action {
+        "replay" => Some("replay"),
+        "discard" => Some("discard"),
+        _ => None,
+    }
+}
+
+fn token_field() -> Markup {
+    html! { label { "Token " input type="password" name="token" autocomplete="off" required; } }
+}
+
+pub(crate) async fn confirm_one(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset, action)): Path<(String, u64, String)>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let e = match state.desk.show(&ladder, offset).await {
+        Ok(e) => e,
+        Err(e) => return parking_error(&e),
+    };
+    let body = html! {
+        (summary(&ladder, &e))
+        form #confirm method="post" action={ "/ladders/" (ladder) "/parked/" (offset) "/" (action) } {
+            @if action == "replay" {
+                p { "Republish this message with a fresh attempt count to:" }
+                label { "Queue " input type="text" name="to" value=(e.envelope.destination.as_deref().unwrap_or("")); }
+            } @else {
+                p { "Mark this message as discarded. Its record stays in the stream until retention removes it." }
+            }
+            " " (token_field()) " "
+            button #confirm-button type="submit" { @if action == "replay" { "Replay" } @else { "Discard" } }
+        }
+        p { a href={ "/ladders/" (ladder) "/parked/" (offset) } { "Cancel" } }
+    };
+    page(&format!("Confirm {action} of entry {offset}"), body).into_response()
+}
+
+/// Takes `key` out of form `pairs`.
+fn take(pairs: &mut Vec<(String, String)>, key: &str) -> Option<String> {
+    let i = pairs.iter().position(|(k, _)| k == key)?;
+    Some(pairs.remove(i).1).filter(|v| !v.trim().is_empty())
+}
+
+/// The caller's name for the form's token, or the refusal page.
+fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, Response> {
+    match api::authorize(&state.config.admin.tokens, token) {
+        Ok(name) => Ok(name.to_string()),
+        Err(denied) => {
+            let why = match denied {
+                Denied::Missing => "no token was given",
+                Denied::Wrong => "the token matches none in admin.tokens",
+            };
+            tracing::warn!(ladder, "{action} from the web page refused: {why}");
+            Err(error_page(
+                StatusCode::FORBIDDEN,
+                &format!("Not done: {why}. Go back and enter a valid token."),
+            ))
+        }
+    }
+}
+
+pub(crate) async fn act_on_one(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset, action)): Path<(String, u64, String)>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
+        Ok(by) => by,
+        Err(refused) => return refused,
+    };
+    let filter = Filter {
+        offsets: Some([offset].into()),
+        ..Filter::default()
+    };
+    let report = if action == "replay" {
+        let options = ReplayOptions {
+            to: take(&mut pairs, "to"),
+            rate: None,
+            dry_run: false,
+            by,
+        };
+        state.desk.replay(&ladder, &filter, &options).await
+    } else {
+        state.desk.discard(&ladder, &filter, &by).await
+    };
+    match report {
+        Ok(report) => outcome_page(&ladder, action, &report, Some(offset)),
+        Err(e) => parking_error(&e),
+    }
+}
+
+fn outcome_page(ladder: &str, action: &str, report: &crate::operator::ActionReport, offset: Option<u64>) -> Response {
+    let failed = report
+        .outcomes
+        .iter()
+        .filter(|o| matches!(o.status, Status::Failed { .. }))
+        .count();
+    let done = report.outcomes.len() - failed;
+    let verb = if action == "replay" { "replayed" } else { "discarded" };
+    let body = html! {
+        p #outcome .(if failed == 0 { "ok" } else { "error" }) {
+            @if report.outcomes.is_empty() { "Nothing to " (action) ": no unresolved entry matched (another operator may have resolved it)." }
+            @else { (done) " " (verb) @if failed > 0 { ", " (failed) " failed" } "." }
+            @if report.left_over > 0 { " " (report.left_over) " more match; run it again for the next batch." }
+        }
+        table #outcomes {
+            tr { th { "Offset" } th { "To" } th { "Result" } }
+            @for o in &report.outcomes {
+                tr {
+                    td { a href={ "/ladders/" (ladder) "/parked/" (o.offset) } { (o.offset) } }
+                    td { (o.to.as_deref().unwrap_or("-")) }
+                    td { @match &o.status {
+                        Status::Replayed => { "replayed" }
+                        Status::WouldReplay => { "would replay" }
+                        Status::Discarded => { "discarded" }
+                        Status::Failed { error } => { span .error { "failed: " (error) } }
+                    } }
+                }
+            }
+        }
+        p {
+            @if let Some(offset) = offset { a href={ "/ladders/" (ladder) "/parked/" (offset) } { "Back to the entry" } " · " }
+            a href={ "/ladders/" (ladder) "/parked" } { "Parked messages" }
+        }
+    };
+    let status = if failed == 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    (status, page(&format!("{} {action}", ladder), body)).into_response()
+}
+
+/// A listing query for bulk actions: the filter only (paging and `resolved` do not apply).
+fn bulk_query(pairs: &[(String, String)]) -> Result<ListQuery, ParkingError> {
+    let filter_only: Vec<(String, String)> = pairs
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "offset" | "limit" | "resolved"))
+        .cloned()
+        .collect();
+    let q = api::parse_query(&filter_only, crate::relay::now_ms())?;
+    if q.filter.is_empty() {
+        return Err(ParkingError::Invalid(
+            "choose at least one filter before acting on everything that matches".into(),
+        ));
+    }
+    Ok(q)
+}
+
+pub(crate) async fn confirm_matching(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, action)): Path<(String, String)>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let q = match bulk_query(&pairs) {
+        Ok(q) => q,
+        Err(e) => return parking_error(&e),
+    };
+    let count = PageRequest { offset: 0, limit: 0 };
+    let total = match state.desk.list(&ladder, &q.filter, count, false).await {
+        Ok(found) => found.total,
+        Err(e) => return parking_error(&e),
+    };
+    let body = html! {
+        p { "Filter: " code { (query_string(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))) } }
+        p { span #count { (total) } " unresolved entries match now (at most " (parking::MAX_ACTION_BATCH) " per run)." }
+        form #confirm method="post" action={ "/ladders/" (ladder) "/matching/" (action) } {
+            @for (k, v) in pairs.iter().filter(|(k, _)| !matches!(k.as_str(), "offset" | "limit" | "resolved")) {
+                input type="hidden" name=(k) value=(v);
+            }
+            @if action == "replay" {
+                p { "Republish each to its destination with a fresh attempt count." }
+                label { "Rate " input type="text" name="rate" value=(DEFAULT_BULK_RATE); }
+                " "
+            } @else {
+                p { "Mark each as discarded." }
+            }
+            (token_field()) " "
+            button #confirm-button type="submit" { @if action == "replay" { "Replay " (total) } @else { "Discard " (total) } }
+        }
+        p { a href={ "/ladders/" (ladder) "/parked?" (query_string(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))) } { "Cancel" } }
+    };
+    page(&format!("Confirm {action} of matching entries — {ladder}"), body).into_response()
+}
+
+pub(crate) async fn act_on_matching(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, action)): Path<(String, String)>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
+        Ok(by) => by,
+        Err(refused) => return refused,
+    };
+    let rate = take(&mut pairs, "rate");
+    let q = match bulk_query(&pairs) {
+        Ok(q) => q,
+        Err(e) => return parking_error(&e),
+    };
+    let report = if action == "replay" {
+        let rate = match rate.map(|r| r.parse()).transpose() {
+            Ok(rate) => rate,
+            Err(e) => return parking_error(&e),
+        };
+        let options = ReplayOptions {
+            to: None,
+            rate,
+            dry_run: false,
+            by,
+        };
+        state.desk.replay(&ladder, &q.filter, &options).await
+    } else {
+        state.desk.discard(&ladder, &q.filter, &by).await
+    };
+    match report {
+        Ok(report) => outcome_page(&ladder, action, &report, None),
+        Err(e) => parking_error(&e),
+    }
+}
