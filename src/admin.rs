@@ -411,6 +411,78 @@ mod tests {
         assert_eq!(l["accounting"]["verdict"], "balanced");
     }
 
+    async fn send(state: &Arc<AdminState>, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let (status, headers) = (response.status(), response.headers().clone());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_web_page_lists_every_ladder_with_a_link_to_its_parking_lot() {
+        let f = fixture();
+        let (status, content_type, body) = get(&f.state, "/").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type.as_deref(), Some("text/html; charset=utf-8"));
+        assert!(body.contains("<tr data-ladder=\"orders\">"), "{body}");
+        assert!(
+            body.contains("class=\"parked-link\" href=\"/ladders/orders/parked\""),
+            "{body}"
+        );
+        assert!(body.contains("1s: ?"), "tiers are listed before the first poll: {body}");
+    }
+
+    #[tokio::test]
+    async fn replay_and_discard_need_a_configured_token_and_nothing_reaches_the_broker_without_one() {
+        let f = fixture();
+        for action in ["replay", "discard"] {
+            let request = |auth: Option<&str>| {
+                let mut r = Request::builder()
+                    .method("POST")
+                    .uri(format!("/api/ladders/orders/parked/{action}"))
+                    .header(header::CONTENT_TYPE, "application/json");
+                if let Some(auth) = auth {
+                    r = r.header(header::AUTHORIZATION, auth);
+                }
+                r.body(Body::from("{\"destination\": \"orders\"}")).unwrap()
+            };
+            let (status, headers, body) = send(&f.state, request(None)).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+            assert_eq!(headers.get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+            assert!(body.contains("admin.tokens"), "{body}");
+            // the fixture configures no tokens: nobody may act
+            let (status, _, body) = send(&f.state, request(Some("Bearer 0123456789abcdef0123"))).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        }
+        let form = Request::builder()
+            .method("POST")
+            .uri("/ladders/orders/parked/7/replay")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("to=orders&token=0123456789abcdef0123"))
+            .unwrap();
+        let (status, _, body) = send(&f.state, form).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body.contains("id=\"outcome\"") && body.contains("token"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn unknown_ladders_and_bad_queries_are_refused_before_the_broker() {
+        let f = fixture();
+        let (status, content_type, body) = get(&f.state, "/api/ladders/nope/parked").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(content_type.as_deref(), Some("application/json"));
+        assert!(body.contains("no ladder \\\"nope\\\""), "{body}");
+        let (status, _, body) = get(&f.state, "/api/ladders/orders/parked?limit=5000").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let (status, _, body) = get(&f.state, "/ladders/orders/parked?since=someday").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.contains("id=\"filters\"") && body.contains("RFC 3339"), "{body}");
+        assert_eq!(
+            get(&f.state, "/ladders/orders/parked/7/explode").await.0,
+            StatusCode::NOT_FOUND
+        );
+    }
+
     #[tokio::test]
     async fn unknown_paths_are_404() {
         let f = fixture();

@@ -300,6 +300,15 @@ pub(crate) async fn entry(
             p { a #replay href={ "/ladders/" (ladder) "/parked/" (offset) "/replay" } { "Replay…" } " · "
                 a #discard href={ "/ladders/" (ladder) "/parked/" (offset) "/discard" } { "Discard…" } }
         }
+        h2 { "Attempt history" }
+        @if let Some(from) = &e.envelope.replayed_from { p #replayed-from { "Replayed from " code { (from) } } }
+        table #history {
+            tr { th { "Attempt" } th { "Tier" } th { "Failed at" } }
+            @for h in &e.envelope.history {
+                tr { td { (h.attempt) } td { (h.tier) } td { (format_time(h.failed_at_ms)) } }
+            }
+        }
+        @if e.envelope.history.is_empty() { p { "No history recorded (parked on its first hop, or by an older version)." } }
         h2 { "Properties" }
         table #properties {
             @if let Some(map) = props.as_object() {
@@ -397,22 +406,25 @@ fn take(pairs: &mut Vec<(String, String)>, key: &str) -> Option<String> {
     Some(pairs.remove(i).1).filter(|v| !v.trim().is_empty())
 }
 
-/// The caller's name for the form's token, or the refusal page.
-fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, Response> {
-    match api::authorize(&state.config.admin.tokens, token) {
-        Ok(name) => Ok(name.to_string()),
-        Err(denied) => {
+/// The caller's name for the form's token, or why it is refused (logged).
+fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, &'static str> {
+    api::authorize(&state.config.admin.tokens, token)
+        .map(str::to_string)
+        .map_err(|denied| {
             let why = match denied {
                 Denied::Missing => "no token was given",
                 Denied::Wrong => "the token matches none in admin.tokens",
             };
             tracing::warn!(ladder, "{action} from the web page refused: {why}");
-            Err(error_page(
-                StatusCode::FORBIDDEN,
-                &format!("Not done: {why}. Go back and enter a valid token."),
-            ))
-        }
-    }
+            why
+        })
+}
+
+fn refused(why: &str) -> Response {
+    error_page(
+        StatusCode::FORBIDDEN,
+        &format!("Not done: {why}. Go back and enter a valid token."),
+    )
 }
 
 pub(crate) async fn act_on_one(
@@ -425,7 +437,7 @@ pub(crate) async fn act_on_one(
     };
     let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
         Ok(by) => by,
-        Err(refused) => return refused,
+        Err(why) => return refused(why),
     };
     let filter = Filter {
         offsets: Some([offset].into()),
@@ -555,7 +567,7 @@ pub(crate) async fn act_on_matching(
     };
     let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
         Ok(by) => by,
-        Err(refused) => return refused,
+        Err(why) => return refused(why),
     };
     let rate = take(&mut pairs, "rate");
     let q = match bulk_query(&pairs) {

@@ -11,13 +11,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ladder::admin;
-use ladder::config::{Config, SecretUri};
-use ladder::service::State;
+use ladder::config::SecretUri;
 use lapin::BasicProperties;
 use lapin::options::QueuePurgeOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 /// Fast polls, so a test sees depths and the accounting verdict within a second or two.
 const FAST_POLLS: &str = "[admin]\npoll_interval = \"100ms\"";
@@ -35,27 +32,16 @@ backoff = ["10m"]
 allow = ["^{ns}-"]
 "#;
 
-/// The admin server and poller of a test, on an ephemeral port; stopped when dropped.
-struct TestAdmin {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    task: Option<JoinHandle<std::io::Result<()>>>,
+/// What these tests read from the admin server.
+trait AdminReads {
+    async fn get(&self, path: &str) -> Response;
+    async fn metrics(&self) -> String;
+    async fn ladders(&self) -> serde_json::Value;
+    async fn wait_ladders(&self, what: &str, condition: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value;
+    async fn wait_metrics(&self, lines: &[&str]) -> String;
 }
 
-impl TestAdmin {
-    /// Serves the admin endpoints for `config` and `state` on 127.0.0.1:0.
-    async fn start(config: Arc<Config>, state: Arc<State>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(admin::run(listener, config, state, stop.clone()));
-        TestAdmin {
-            addr,
-            stop,
-            task: Some(task),
-        }
-    }
-
+impl AdminReads for TestAdmin {
     async fn get(&self, path: &str) -> Response {
         http_get(self.addr, path).await
     }
@@ -102,26 +88,6 @@ impl TestAdmin {
                 "timed out waiting for {missing:?} in\n{text}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Stops the server and the poller and waits for both, as `ladder run` does after a drain.
-    async fn stop(mut self) {
-        self.stop.cancel();
-        let task = self.task.take().expect("running");
-        let result = tokio::time::timeout(WAIT, task)
-            .await
-            .expect("the admin server stops on its token")
-            .unwrap();
-        result.expect("the admin server ran without error");
-    }
-}
-
-impl Drop for TestAdmin {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
         }
     }
 }

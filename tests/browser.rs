@@ -10,24 +10,17 @@
 mod common;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use fantoccini::elements::Element;
 use fantoccini::{Client, ClientBuilder, Locator};
-use ladder::admin;
-use ladder::config::Config;
-use ladder::service::State;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable};
 use rustix::process::{Pid, Signal};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -306,51 +299,6 @@ impl Browser {
     async fn close(self) {
         let Browser { client, _driver } = self;
         step("end the WebDriver session", client.close()).await;
-    }
-}
-
-/// The admin server and poller of a test, on an ephemeral port; stopped when dropped.
-struct TestAdmin {
-    addr: SocketAddr,
-    stop: CancellationToken,
-    task: Option<JoinHandle<std::io::Result<()>>>,
-}
-
-impl TestAdmin {
-    async fn start(config: Arc<Config>, state: Arc<State>) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(admin::run(listener, config, state, stop.clone()));
-        TestAdmin {
-            addr,
-            stop,
-            task: Some(task),
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Stops the server and the poller and waits for both.
-    async fn stop(mut self) {
-        self.stop.cancel();
-        let task = self.task.take().expect("running");
-        let result = tokio::time::timeout(WAIT, task)
-            .await
-            .expect("the admin server stops on its token")
-            .unwrap();
-        result.expect("the admin server ran without error");
-    }
-}
-
-impl Drop for TestAdmin {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
     }
 }
 

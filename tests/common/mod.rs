@@ -417,3 +417,51 @@ pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
     let _ = ch.close(200, "depth".into()).await;
     q.message_count()
 }
+
+/// The admin server (with its poller and parking-lot followers) of a test, on an ephemeral
+/// port; stopped when dropped.
+pub struct TestAdmin {
+    pub addr: std::net::SocketAddr,
+    stop: CancellationToken,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestAdmin {
+    /// Serves the admin endpoints for `config` and `state` on 127.0.0.1:0.
+    pub async fn start(config: Arc<Config>, state: Arc<State>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(ladder::admin::run(listener, config, state, stop.clone()));
+        TestAdmin {
+            addr,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// `http://<addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops the server and the poller and waits for both, as `ladder run` does after a drain.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        let task = self.task.take().expect("running");
+        let result = tokio::time::timeout(WAIT, task)
+            .await
+            .expect("the admin server stops on its token")
+            .unwrap();
+        result.expect("the admin server ran without error");
+    }
+}
+
+impl Drop for TestAdmin {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! The parking lot over the admin server's JSON API, against the real broker: a few hundred
+//! parked messages of different reasons and destinations searched every way, a filter replayed
+//! at a rate (arrival and rate checked), a discard, the same state seen by a restarted service,
+//! tokens required and named in the record, and two replicas asked to replay the same filter at
+//! the same time replaying each entry once.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lapin::BasicProperties;
+use lapin::options::BasicAckOptions;
+use lapin::types::{AMQPValue, FieldTable};
+use serde_json::{Value, json};
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789abc";
+
+/// Admin on an ephemeral port, fast polls, two operators.
+const ADMIN: &str = "[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\nalice = \"alice-token-0123456789\"\nbob = \"bob-token-0123456789abc\"";
+
+/// One tier and no retry to spare: `retry-attempt = 1` is parked at once as `max-attempts`.
+const ONE_TIER: &str = "backoff = [\"100ms\"]\nmax_attempts = 1\nallow = [\"^{ns}-\"]";
+
+const TO_A: usize = 150;
+const TO_B: usize = 100;
+const INVALID: usize = 30;
+const NO_DESTINATION: usize = 20;
+const TOTAL: usize = TO_A + TO_B + INVALID + NO_DESTINATION;
+
+fn props(i: usize, extra: Vec<(&str, AMQPValue)>) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert("tenant".into(), text(&format!("t{}", i % 4)));
+    for (k, v) in extra {
+        headers.insert(k.into(), v);
+    }
+    BasicProperties::default()
+        .with_message_id(format!("m-{i}").into())
+        .with_correlation_id(format!("c-{}", i % 10).into())
+        .with_headers(headers)
+}
+
+/// Parks [`TOTAL`] messages: max-attempts to `a` then `b`, invalid-header to `a`, no-destination.
+async fn park_mix(t: &TestLadder, a: &str, b: &str) {
+    for i in 0..TOTAL {
+        let extra = if i < TO_A {
+            vec![("retry-to", text(a)), ("retry-attempt", AMQPValue::LongLongInt(1))]
+        } else if i < TO_A + TO_B {
+            vec![("retry-to", text(b)), ("retry-attempt", AMQPValue::LongLongInt(1))]
+        } else if i < TO_A + TO_B + INVALID {
+            vec![("retry-to", text(a)), ("retry-delay", text("soon"))]
+        } else {
+            vec![]
+        };
+        let body = format!("{{\"order\": {i}, \"note\": \"n{i}x\"}}");
+        t.publish(&t.intake(), "", body.as_bytes(), props(i, extra)).await;
+    }
+    t.parked(TOTAL).await;
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(admin: &TestAdmin, ladder: &str) -> Self {
+        Api {
+            http: reqwest::Client::builder().timeout(WAIT * 2).build().unwrap(),
+            base: admin.url(&format!("/api/ladders/{ladder}/parked")),
+        }
+    }
+
+    async fn get(&self, query: &[(&str, &str)]) -> (u16, Value) {
+        let r = self
+            .http
+            .get(&self.base)
+            .query(query)
+            .send()
+            .await
+            .expect("GET answered");
+        (r.status().as_u16(), r.json().await.expect("a JSON answer"))
+    }
+
+    async fn total(&self, query: &[(&str, &str)]) -> u64 {
+        let (status, v) = self.get(query).await;
+        assert_eq!(status, 200, "{v}");
+        v["total"].as_u64().unwrap()
+    }
+
+    /// Waits until the index holds `n` entries in all (it follows the stream).
+    async fn wait_indexed(&self, n: u64) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (_, v) = self.get(&[("limit", "0"), ("resolved", "include")]).await;
+            if v["total"].as_u64() == Some(n) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "index never reached {n}: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn post(&self, action: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+        let mut request = self.http.post(format!("{}/{action}", self.base)).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let r = request.send().await.expect("POST answered");
+        (r.status().as_u16(), r.json().await.expect("a JSON answer"))
+    }
+}
+
+/// Message ids of everything that arrives on `queue` until it has been quiet for `quiet`.
+async fn drain_ids(t: &TestLadder, queue: &str, quiet: Duration) -> (Vec<String>, Vec<Instant>) {
+    let mut consumer = t.consume(queue).await;
+    let (mut ids, mut times) = (vec![], vec![]);
+    let deadline = Instant::now() + WAIT * 2;
+    while let Some(d) = next_within(&mut consumer, quiet).await {
+        times.push(Instant::now());
+        ids.push(d.properties.message_id().as_ref().unwrap().to_string());
+        d.ack(BasicAckOptions::default()).await.unwrap();
+        assert!(Instant::now() < deadline, "{queue} never went quiet");
+    }
+    (ids, times)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_searches_replays_at_a_rate_discards_and_a_restart_sees_the_same() {
+    let mut t = TestLadder::configure_with("http-lot", ADMIN, ONE_TIER).await;
+    let a = t.declare_queue("a", FieldTable::default()).await;
+    let b = t.declare_queue("b", FieldTable::default()).await;
+    t.start_service().await;
+    let before = now_ms();
+    park_mix(&t, &a, &b).await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let api = Api::new(&admin, &t.ladder);
+    api.wait_indexed(TOTAL as u64).await;
+
+    // search each way
+    assert_eq!(api.total(&[]).await, TOTAL as u64);
+    assert_eq!(api.total(&[("destination", &a)]).await, (TO_A + INVALID) as u64);
+    assert_eq!(api.total(&[("destination", &b)]).await, TO_B as u64);
+    assert_eq!(api.total(&[("reason", "max-attempts")]).await, (TO_A + TO_B) as u64);
+    assert_eq!(api.total(&[("reason", "invalid-header")]).await, INVALID as u64);
+    assert_eq!(api.total(&[("reason", "no-destination")]).await, NO_DESTINATION as u64);
+    assert_eq!(api.total(&[("message_id", "m-7")]).await, 1);
+    assert_eq!(api.total(&[("correlation_id", "c-3")]).await, (TOTAL / 10) as u64);
+    assert_eq!(api.total(&[("header", "tenant=t1")]).await, (TOTAL / 4) as u64);
+    assert_eq!(api.total(&[("body", "\"n12x\"")]).await, 1);
+    assert_eq!(api.total(&[("header", "tenant=t1"), ("destination", &b)]).await, 25);
+    assert_eq!(api.total(&[("since", "1h")]).await, TOTAL as u64);
+    let until = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(before - 1000));
+    assert_eq!(api.total(&[("until", &until.to_string())]).await, 0);
+
+    // newest first, paged; one entry in full
+    let (_, first) = api.get(&[("limit", "10")]).await;
+    let entries = first["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 10);
+    assert_eq!(
+        entries[0]["envelope"]["message"]["properties"]["message_id"],
+        format!("m-{}", TOTAL - 1)
+    );
+    let (_, last) = api.get(&[("limit", "50"), ("offset", &(TOTAL - 10).to_string())]).await;
+    assert_eq!(last["entries"].as_array().unwrap().len(), 10);
+    assert_eq!(
+        last["entries"][9]["envelope"]["message"]["properties"]["message_id"],
+        "m-0"
+    );
+    let offset = entries[3]["offset"].as_u64().unwrap();
+    let one: Value = api
+        .http
+        .get(format!("{}/{offset}", api.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["offset"], offset);
+    assert_eq!(one["envelope"]["reason"], "no-destination");
+    let missing = api.http.get(format!("{}/999999", api.base)).send().await.unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    let (status, _) = api.get(&[("limit", "100000")]).await;
+    assert_eq!(status, 400, "pages are bounded");
+
+    // replay and discard need a configured token
+    let to_b = json!({"destination": b, "reason": "max-attempts"});
+    let (status, v) = api.post("replay", None, to_b.clone()).await;
+    assert_eq!(status, 401, "{v}");
+    let (status, v) = api.post("replay", Some("not-a-token-at-all-1234"), to_b.clone()).await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(queue_depth(&t.client, &b).await, 0, "a refused request replays nothing");
+    let (status, v) = api.post("replay", Some(ALICE), json!({})).await;
+    assert_eq!(status, 400, "an empty filter is refused: {v}");
+
+    // a dry run says what would be replayed
+    let mut dry = to_b.clone();
+    dry["dry_run"] = json!(true);
+    let (status, v) = api.post("replay", Some(ALICE), dry).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["outcomes"].as_array().unwrap().len(), TO_B);
+    assert!(
+        v["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["status"] == "would-replay")
+    );
+    assert_eq!(queue_depth(&t.client, &b).await, 0);
+
+    // replay a filter at 50/s: every message arrives, no faster than the rate
+    let mut paced = to_b.clone();
+    paced["rate"] = json!("50/s");
+    let started = Instant::now();
+    let replay = async {
+        let answer = api.post("replay", Some(ALICE), paced).await;
+        (answer, started.elapsed())
+    };
+    // consume while it replays, to see the arrival rate
+    let (((status, v), took), (ids, times)) = tokio::join!(replay, drain_ids(&t, &b, Duration::from_secs(3)));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["left_over"], 0);
+    assert!(
+        v["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["status"] == "replayed"),
+        "{v}"
+    );
+    let unique: HashSet<_> = ids.iter().collect();
+    assert_eq!((ids.len(), unique.len()), (TO_B, TO_B), "each replayed once");
+    let spread = times[TO_B - 1] - times[0];
+    let rate = (TO_B - 1) as f64 / spread.as_secs_f64();
+    eprintln!("replayed {TO_B} at 50/s: request took {took:?}, arrivals spread {spread:?} ({rate:.1}/s)");
+    assert!(took >= Duration::from_millis(99 * 20), "the pacer holds 50/s: {took:?}");
+    assert!(rate <= 55.0, "arrivals no faster than the rate: {rate:.1}/s");
+    assert_eq!(
+        api.total(&[("destination", &b)]).await,
+        0,
+        "replayed entries are resolved"
+    );
+    let (_, resolved) = api
+        .get(&[("destination", &b), ("resolved", "include"), ("limit", "1")])
+        .await;
+    assert_eq!(resolved["total"], TO_B as u64);
+    let r = &resolved["entries"][0]["resolution"];
+    assert_eq!(
+        (r["action"].as_str(), r["by"].as_str(), r["to"].as_str()),
+        (Some("replayed"), Some("alice"), Some(b.as_str()))
+    );
+
+    // discard by filter, as bob
+    let (status, v) = api
+        .post("discard", Some(BOB), json!({"reason": "no-destination"}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["outcomes"].as_array().unwrap().len(), NO_DESTINATION);
+    assert_eq!(api.total(&[("reason", "no-destination")]).await, 0);
+    let open = (TOTAL - TO_B - NO_DESTINATION) as u64;
+    assert_eq!(api.total(&[]).await, open);
+
+    // a restarted service (a fresh index read from the stream) serves the same state
+    admin.stop().await;
+    t.stop_service().await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let api = Api::new(&admin, &t.ladder);
+    api.wait_indexed(TOTAL as u64).await;
+    assert_eq!(api.total(&[]).await, open);
+    assert_eq!(api.total(&[("destination", &b)]).await, 0);
+    assert_eq!(api.total(&[("reason", "no-destination")]).await, 0);
+    let (_, v) = api
+        .get(&[("reason", "no-destination"), ("resolved", "include"), ("limit", "1")])
+        .await;
+    assert_eq!(v["entries"][0]["resolution"]["action"], "discarded");
+    assert_eq!(v["entries"][0]["resolution"]["by"], "bob");
+    assert_eq!(api.total(&[("header", "tenant=t2"), ("destination", &a)]).await, 45);
+    admin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_asked_at_once_replay_each_entry_once() {
+    const N: usize = 120;
+    let mut t = TestLadder::configure_with("http-twice", ADMIN, ONE_TIER).await;
+    let a = t.declare_queue("a", FieldTable::default()).await;
+    t.start_service().await;
+    for i in 0..N {
+        let extra = vec![("retry-to", text(&a)), ("retry-attempt", AMQPValue::LongLongInt(1))];
+        t.publish(&t.intake(), "", b"twice", props(i, extra)).await;
+    }
+    t.parked(N).await;
+    // two replicas: each its own admin server, connection and index
+    let one = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let two = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let (api1, api2) = (Api::new(&one, &t.ladder), Api::new(&two, &t.ladder));
+    api1.wait_indexed(N as u64).await;
+    api2.wait_indexed(N as u64).await;
+
+    let body = json!({"destination": a, "rate": "200/s"});
+    let ((s1, v1), (s2, v2), (s3, v3)) = tokio::join!(
+        api1.post("replay", Some(ALICE), body.clone()),
+        api2.post("replay", Some(BOB), body.clone()),
+        // a second request to the same replica at the same time
+        api1.post("replay", Some(BOB), body.clone()),
+    );
+    let replayed = |status: u16, v: &Value| -> usize {
+        match status {
+            200 => v["outcomes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|o| o["status"] == "replayed")
+                .count(),
+            409 => 0,
+            other => panic!("unexpected {other}: {v}"),
+        }
+    };
+    let counts = [replayed(s1, &v1), replayed(s2, &v2), replayed(s3, &v3)];
+    eprintln!("statuses {s1}/{s2}/{s3}, replayed {counts:?}");
+    assert_eq!(
+        counts.iter().sum::<usize>(),
+        N,
+        "every entry replayed by exactly one request"
+    );
+    assert!(
+        [s1, s3].contains(&409),
+        "two requests to one replica at once: one is refused as busy ({s1}, {s3})"
+    );
+    let (ids, _) = drain_ids(&t, &a, Duration::from_secs(2)).await;
+    let unique: HashSet<_> = ids.iter().collect();
+    assert_eq!((ids.len(), unique.len()), (N, N), "each message arrived once");
+    api1.wait_indexed(N as u64).await;
+    assert_eq!(api1.total(&[]).await, 0);
+    assert_eq!(api2.total(&[]).await, 0);
+    one.stop().await;
+    two.stop().await;
+}
