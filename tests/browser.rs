@@ -33,12 +33,14 @@ const DRIVER_START: Duration = Duration::from_secs(20);
 /// reason; a step that hangs fails the test with its name instead of holding it forever.
 const STEP: Duration = Duration::from_secs(30);
 
-/// The admin token the page test replays with, and the operator it names.
-const TOKEN: &str = "browser-test-token-0123456789";
+/// The operator the page test replays as, and the token `admin.tokens` gives them.
 const OPERATOR: &str = "alice";
+const TOKEN: &str = "browser-test-token-0123456789";
 
-/// Fast polls, an ephemeral port and one operator token.
-const ADMIN_WITH_TOKEN: &str = "[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\nalice = \"browser-test-token-0123456789\"";
+/// Fast polls, an ephemeral port and the operator's token.
+fn admin_with_token() -> String {
+    format!("[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\n{OPERATOR} = \"{TOKEN}\"")
+}
 
 /// One 100 ms tier and no retry to spare: `retry-attempt = 1` is parked at once as `max-attempts`.
 const ONE_TIER: &str = "backoff = [\"100ms\"]\nmax_attempts = 1\nallow = [\"^{ns}-\"]";
@@ -260,6 +262,7 @@ impl Browser {
         loop {
             match tokio::time::timeout(STEP, old.tag_name()).await {
                 Ok(Err(e)) if e.is_stale_element_reference() => break,
+                // some chromedriver versions say this of an element from a replaced document
                 Ok(Err(e)) if e.is_no_such_element() => break,
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => panic!("after clicking {what}: {e:?}"),
@@ -335,7 +338,7 @@ fn props(p: &Parked) -> BasicProperties {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_filters_the_parking_lot_and_replays_one_entry_in_the_browser() {
-    let mut t = TestLadder::configure_with("browser", ADMIN_WITH_TOKEN, ONE_TIER).await;
+    let mut t = TestLadder::configure_with("browser", &admin_with_token(), ONE_TIER).await;
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let invoices = t.declare_queue("invoices", FieldTable::default()).await;
     t.start_service().await;
@@ -453,7 +456,9 @@ async fn an_operator_filters_the_parking_lot_and_replays_one_entry_in_the_browse
     assert!(outcome.contains("replayed"), "{outcome}");
 
     // the message is back on its queue, once: the refused attempt sent nothing
-    let mut consumer = t.consume(&orders).await;
+    let mut consumer = tokio::time::timeout(WAIT, t.consume(&orders))
+        .await
+        .expect("consume timed out");
     let delivery = next_within(&mut consumer, WAIT)
         .await
         .expect("the replayed message arrives");
@@ -462,7 +467,10 @@ async fn an_operator_filters_the_parking_lot_and_replays_one_entry_in_the_browse
         delivery.properties.message_id().as_ref().map(|id| id.as_str()),
         Some(newest.message_id.as_str())
     );
-    delivery.acker.ack(Default::default()).await.unwrap();
+    tokio::time::timeout(WAIT, delivery.acker.ack(Default::default()))
+        .await
+        .expect("ack timed out")
+        .unwrap();
     assert!(
         next_within(&mut consumer, Duration::from_millis(500)).await.is_none(),
         "one replay sends one message"
