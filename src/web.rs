@@ -133,7 +133,8 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                     td {
                         @if let Some(s) = &status {
                             @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
-                            span .unresolved { (unresolved) } " of " (s.entries) " indexed" br;
+                            span .unresolved { (unresolved) } " of " (s.entries) " indexed"
+                            @if !s.caught_up { " (still reading the stream…)" } br;
                             @for (reason, n) in &s.unresolved.by_reason { (reason) ": " (n) br; }
                         }
                         a .parked-link href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }

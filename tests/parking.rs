@@ -753,3 +753,117 @@ async fn the_cli_lists_as_json_and_dry_runs_a_replay() {
     assert_eq!(shown["resolution"]["by"], "cli-test", "who asked is recorded");
     t.stop_service().await;
 }
+
+/// Message ids that arrive on `queue` (acked) until it has been quiet for `quiet`.
+async fn arrived_ids(consumer: &mut lapin::Consumer, quiet: Duration) -> Vec<String> {
+    let mut ids = vec![];
+    let deadline = Instant::now() + WAIT;
+    while let Some(d) = next_within(consumer, quiet).await {
+        ids.push(d.properties.message_id().as_ref().unwrap().to_string());
+        d.ack(lapin::options::BasicAckOptions::default()).await.unwrap();
+        assert!(Instant::now() < deadline, "the queue never went quiet");
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_midway_loses_nothing_and_the_next_run_finishes_it() {
+    const N: usize = 40;
+    let mut t = TestLadder::start("park-kill", ONE_TIER).await;
+    let a = t.declare_queue("a", FieldTable::default()).await;
+    for i in 0..N {
+        let headers = vec![("retry-to", text(&a)), ("retry-attempt", AMQPValue::LongLongInt(1))];
+        t.publish(&t.intake(), "", &body(i), props(i, headers)).await;
+    }
+    t.parked(N).await;
+    let config = t.config_path();
+    let mut consumer = t.consume(&a).await;
+
+    // SIGKILL a paced replay partway through
+    let mut replay = tokio::process::Command::new(env!("CARGO_BIN_EXE_ladder"))
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "parked",
+            "replay",
+            "--destination",
+            &a,
+            "--rate",
+            "20/s",
+            "--by",
+            "doomed",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let first = arrived_until(&mut consumer, N / 2).await;
+    replay.start_kill().unwrap();
+    let status = tokio::time::timeout(WAIT, replay.wait()).await.unwrap().unwrap();
+    assert!(!status.success(), "killed after {:?}", started.elapsed());
+    let mut arrived = first;
+    arrived.extend(arrived_ids(&mut consumer, Duration::from_millis(500)).await);
+    let lot = t.lot();
+    let resolved = lot
+        .list(
+            &fresh(&lot, &Filter::default()).await,
+            &Filter::default(),
+            page(N),
+            true,
+        )
+        .await
+        .unwrap();
+    let resolved_ids: Vec<String> = resolved
+        .entries
+        .iter()
+        .filter(|e| e.resolution.is_some())
+        .map(|e| {
+            e.envelope.message.properties["message_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    eprintln!(
+        "killed after {} arrivals ({} resolved)",
+        arrived.len(),
+        resolved_ids.len()
+    );
+    assert!(arrived.len() < N, "the kill came before the end");
+    assert!(
+        resolved_ids.iter().all(|id| arrived.contains(id)),
+        "an entry is resolved only after its message was confirmed (and so arrived)"
+    );
+    assert!(
+        arrived.len() - resolved_ids.len() <= 1,
+        "at most the one in flight was sent without its resolution"
+    );
+
+    // the next run replays what is unresolved: every message arrived, at most one twice
+    let out = cli(&config, &["parked", "replay", "--destination", &a, "--by", "again"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    arrived.extend(arrived_ids(&mut consumer, Duration::from_millis(500)).await);
+    let unique: BTreeSet<&String> = arrived.iter().collect();
+    assert_eq!(unique.len(), N, "nothing lost");
+    assert!(
+        arrived.len() <= N + 1,
+        "{} deliveries: duplicates only from the kill",
+        arrived.len()
+    );
+    assert_eq!(total(&t, Filter::default()).await, 0);
+    t.stop_service().await;
+}
+
+/// Waits (bounded) until `count` messages arrived; returns their ids (acked).
+async fn arrived_until(consumer: &mut lapin::Consumer, count: usize) -> Vec<String> {
+    let mut ids = vec![];
+    while ids.len() < count {
+        let d = next(consumer).await;
+        ids.push(d.properties.message_id().as_ref().unwrap().to_string());
+        d.ack(lapin::options::BasicAckOptions::default()).await.unwrap();
+    }
+    ids
+}
