@@ -463,6 +463,10 @@ mod tests {
         let (status, _, body) = send(&f.state, form).await;
         assert_eq!(status, StatusCode::FORBIDDEN);
         assert!(body.contains("id=\"outcome\"") && body.contains("token"), "{body}");
+        assert!(
+            body.contains("id=\"back\" href=\"/ladders/orders/parked/7/replay\""),
+            "{body}"
+        );
     }
 
     #[tokio::test]

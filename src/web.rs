@@ -421,11 +421,13 @@ fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -
         })
 }
 
-fn refused(why: &str) -> Response {
-    error_page(
-        StatusCode::FORBIDDEN,
-        &format!("Not done: {why}. Go back and enter a valid token."),
-    )
+/// The refusal page, linking back to the confirmation form at `form`.
+fn refused(why: &str, form: &str) -> Response {
+    let body = html! {
+        p #outcome .error { "Not done: " (why) "." }
+        p { a #back href=(form) { "Back to the confirmation, to enter a valid token" } }
+    };
+    (StatusCode::FORBIDDEN, page("Not done", body)).into_response()
 }
 
 pub(crate) async fn act_on_one(
@@ -438,7 +440,7 @@ pub(crate) async fn act_on_one(
     };
     let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
         Ok(by) => by,
-        Err(why) => return refused(why),
+        Err(why) => return refused(why, &format!("/ladders/{ladder}/parked/{offset}/{action}")),
     };
     let filter = Filter {
         offsets: Some([offset].into()),
@@ -566,11 +568,14 @@ pub(crate) async fn act_on_matching(
     let Some(action) = action_of(&action) else {
         return error_page(StatusCode::NOT_FOUND, "no such page");
     };
+    let rate = take(&mut pairs, "rate");
     let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
         Ok(by) => by,
-        Err(why) => return refused(why),
+        Err(why) => {
+            let filters = query_string(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            return refused(why, &format!("/ladders/{ladder}/matching/{action}?{filters}"));
+        }
     };
-    let rate = take(&mut pairs, "rate");
     let q = match bulk_query(&pairs) {
         Ok(q) => q,
         Err(e) => return parking_error(&e),
