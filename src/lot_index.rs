@@ -17,7 +17,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::parking::{Action, Filter, ParkingError, RESOLUTION_FORMAT, Resolution};
+use crate::parking::{Action, Filter, MARKER_FORMAT, Marker, ParkingError, RESOLUTION_FORMAT, Resolution};
 
 /// The index keeps at most this many entries and drops the oldest beyond it (they stay in the
 /// stream, reachable by offset). A row takes about 56 bytes, so the cap bounds an index near
@@ -55,6 +55,8 @@ pub enum Indexed {
     Entry(EntrySummary),
     /// A resolution of an earlier entry.
     Resolution(Resolution),
+    /// A marker ([`crate::parking::ParkingLot::mark`]), by id.
+    Marker(String),
 }
 
 /// The indexed fields of a parked entry.
@@ -79,6 +81,11 @@ pub fn decode(kind: Option<&str>, body: &[u8]) -> Result<Indexed, ParkingError> 
         let resolution: Resolution =
             serde_json::from_slice(body).map_err(|e| ParkingError::Invalid(format!("invalid resolution: {e}")))?;
         return Ok(Indexed::Resolution(resolution));
+    }
+    if kind == Some(MARKER_FORMAT) {
+        let marker: Marker =
+            serde_json::from_slice(body).map_err(|e| ParkingError::Invalid(format!("invalid marker: {e}")))?;
+        return Ok(Indexed::Marker(marker.id));
     }
     let mut json = serde_json::Deserializer::from_slice(body);
     json.disable_recursion_limit();
@@ -200,7 +207,13 @@ pub struct LotIndex {
     resolutions: HashMap<u64, CompactResolution>,
     /// The offset after the last record applied.
     next: Option<u64>,
+    /// The newest [`MARKERS_KEPT`] marker ids applied.
+    markers: VecDeque<String>,
 }
+
+/// Marker ids an index remembers: an action waits for its own marker within seconds of writing
+/// it, and actions on one ladder run one at a time, so a few suffice.
+const MARKERS_KEPT: usize = 64;
 
 impl LotIndex {
     /// An empty index.
@@ -260,7 +273,18 @@ impl LotIndex {
                 });
             }
             Indexed::Resolution(r) => self.resolve(&r),
+            Indexed::Marker(id) => {
+                if self.markers.len() == MARKERS_KEPT {
+                    self.markers.pop_front();
+                }
+                self.markers.push_back(id);
+            }
         }
+    }
+
+    /// Whether the marker `id` has been applied (so has everything before it).
+    pub fn has_marker(&self, id: &str) -> bool {
+        self.markers.iter().any(|m| m == id)
     }
 
     /// Moves past a record that could not be decoded.
@@ -497,6 +521,22 @@ mod tests {
         assert_eq!(ix.page(&Filter::default(), false, 0, 10).offsets, vec![5, 4, 0]);
         ix.apply(7, Indexed::Resolution(r));
         assert_eq!(ix.page(&Filter::default(), false, 0, 10).total, 3);
+    }
+
+    #[test]
+    fn markers_are_remembered_and_take_an_offset_but_no_row() {
+        let mut ix = index();
+        let body = br#"{"format":"ladder.marker/v1","id":"m-1","by":"ops"}"#;
+        let marker = decode(Some(MARKER_FORMAT), body).unwrap();
+        assert_eq!(marker, Indexed::Marker("m-1".into()));
+        assert!(!ix.has_marker("m-1"));
+        ix.apply(6, marker);
+        assert!(ix.has_marker("m-1") && !ix.has_marker("m-2"));
+        assert_eq!((ix.len(), ix.next_offset()), (5, Some(7)));
+        for i in 0..MARKERS_KEPT {
+            ix.apply(7 + i as u64, Indexed::Marker(format!("x{i}")));
+        }
+        assert!(!ix.has_marker("m-1"), "only the newest are kept");
     }
 
     #[test]

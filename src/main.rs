@@ -332,7 +332,8 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
                 by: by(who),
             };
             let lock = lot.lock().await?;
-            let index = lot.index_for(&filter).await?;
+            let marker = lot.mark(&options.by).await?;
+            let index = lot.index_through(&filter, &marker).await?;
             let selection = lot.select(&index, &filter).await?;
             info!(ladder = %spec.name, by = %options.by, entries = selection.entries.len(), dry_run, "replay requested");
             let outcomes = lot.replay(&index, &selection.entries, &options).await?;
@@ -348,8 +349,10 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
         } => {
             let filter = filter.build(&offsets)?;
             anyhow::ensure!(!filter.is_empty(), "give offsets or at least one filter");
+            let who = by(who);
             let lock = lot.lock().await?;
-            let index = lot.index_for(&filter).await?;
+            let marker = lot.mark(&who).await?;
+            let index = lot.index_through(&filter, &marker).await?;
             let selection = lot.select(&index, &filter).await?;
             if !yes && !selection.entries.is_empty() {
                 if !std::io::stdin().is_terminal() {
@@ -371,7 +374,6 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
                     return Ok(ExitCode::SUCCESS);
                 }
             }
-            let who = by(who);
             info!(ladder = %spec.name, by = %who, entries = selection.entries.len(), "discard requested");
             let outcomes = lot.discard(&index, &selection.entries, &who).await?;
             lock.release().await;

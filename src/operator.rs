@@ -9,8 +9,9 @@
 //! Replay and discard are serialised twice: within this process by a per-ladder mutex (every
 //! request shares one connection, and the broker's exclusive-queue lock belongs to a connection,
 //! so it cannot tell two requests of one process apart), and across processes by the
-//! [`crate::parking::OperatorLock`]. After taking both, the index is brought up to the stream's
-//! end before selecting, so a second replica never selects what the first just resolved.
+//! [`crate::parking::OperatorLock`]. After taking both, a marker is appended to the stream and
+//! the action waits until the index has read it, so a second replica never selects what the
+//! first just resolved.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
@@ -30,7 +31,7 @@ use crate::parking::{
 };
 use crate::service;
 
-/// How long an action waits for the index to reach the stream's end before it gives up: the
+/// How long an action waits for the index to reach its marker before it gives up: the
 /// follower reads tens of thousands of records a second, so only a stuck broker or an index
 /// still being built from millions of entries takes this long.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
@@ -311,7 +312,7 @@ impl Desk {
             warn!(ladder, by, error = %e, "{what} refused");
         })?;
         let result = async {
-            self.catch_up(lot, &parking).await?;
+            self.catch_up(lot, &parking, by).await?;
             let selection = parking.select(&lot.index, filter).await?;
             let outcomes = action(lot, &parking, &selection).await?;
             Ok(ActionReport {
@@ -324,13 +325,12 @@ impl Desk {
         result
     }
 
-    /// Waits until the index holds every record up to the stream's end as of now.
-    async fn catch_up(&self, lot: &Lot, parking: &ParkingLot<'_>) -> Result<(), ParkingError> {
-        let Some(end) = parking.end().await? else {
-            return Ok(());
-        };
+    /// Appends a marker and waits until the follower has applied it: then the index holds every
+    /// record written before it, every resolution of an earlier action included.
+    async fn catch_up(&self, lot: &Lot, parking: &ParkingLot<'_>, by: &str) -> Result<(), ParkingError> {
+        let marker = parking.mark(by).await?;
         let reached = async {
-            while lot.index.read().next_offset().is_none_or(|next| next <= end) {
+            while !lot.index.read().has_marker(&marker) {
                 tokio::time::sleep(SYNC_POLL).await;
             }
         };

@@ -44,6 +44,32 @@ use crate::topology::Names;
 /// The `type` property and `format` field of a resolution record.
 pub const RESOLUTION_FORMAT: &str = "ladder.resolution/v1";
 
+/// The `type` property and `format` field of a marker record: appended by a replay or discard
+/// after it took the operator lock, so that reading up to the marker is reading everything that
+/// was in the stream before it — every earlier resolution included — without trusting a timing
+/// guess about where the stream ends. Readers skip markers.
+pub const MARKER_FORMAT: &str = "ladder.marker/v1";
+
+/// A marker record's body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Marker {
+    /// Always [`MARKER_FORMAT`].
+    pub format: String,
+    /// Unique per marker.
+    pub id: String,
+    /// Who was acting.
+    pub by: String,
+}
+
+/// Where a read stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stop {
+    /// At this offset (inclusive).
+    At(u64),
+    /// At the marker with this id.
+    Marker(String),
+}
+
 /// Every single broker call (open a channel, declare, publish and its confirm) is bounded by this.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -529,12 +555,65 @@ impl<'a> ParkingLot<'a> {
     pub async fn index_for(&self, filter: &Filter) -> Result<SharedIndex, ParkingError> {
         let index = SharedIndex::default();
         let end = self.end().await?;
-        self.catch_up(&index, Start::for_filter(filter), end).await?;
+        self.catch_up(&index, Start::for_filter(filter), end.map(Stop::At))
+            .await?;
         Ok(index)
     }
 
-    /// Applies the records from `from` to `end` (inclusive) to `index`.
-    async fn catch_up(&self, index: &SharedIndex, from: Start, end: Option<u64>) -> Result<(), ParkingError> {
+    /// A fresh index of the records `filter` can match, up to and including the marker `id`
+    /// (see [`ParkingLot::mark`]): what a replay or discard selects from.
+    pub async fn index_through(&self, filter: &Filter, marker: &str) -> Result<SharedIndex, ParkingError> {
+        let index = SharedIndex::default();
+        let start = Start::for_filter(filter);
+        // A read from an offset past the end would wait for records after the marker, never
+        // seeing it: such offsets hold nothing to act on yet.
+        if let Start::Offset(first) = start
+            && self.end().await?.is_none_or(|end| first > end)
+        {
+            return Ok(index);
+        }
+        self.catch_up(&index, start, Some(Stop::Marker(marker.to_string())))
+            .await?;
+        Ok(index)
+    }
+
+    /// Appends a marker record (confirmed) and returns its id. Hold the [`OperatorLock`] first:
+    /// then every resolution written before the marker is before it in the stream.
+    pub async fn mark(&self, by: &str) -> Result<String, ParkingError> {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let id = format!(
+            "{}-{nanos}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let marker = Marker {
+            format: MARKER_FORMAT.to_string(),
+            id: id.clone(),
+            by: by.to_string(),
+        };
+        let body = serde_json::to_vec(&marker).map_err(|e| ParkingError::Invalid(e.to_string()))?;
+        let channel = self.confirm_channel().await?;
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_type(MARKER_FORMAT.into());
+        let confirmation = publish(&channel, "", &self.names.parked, &body, properties).await;
+        let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "marked".into())).await;
+        match confirmation? {
+            Confirmation::Ack(None) => Ok(id),
+            Confirmation::Ack(Some(_)) => Err(ParkingError::Invalid(format!(
+                "the parking lot {} does not exist",
+                self.names.parked
+            ))),
+            Confirmation::Nack(_) | Confirmation::NotRequested => Err(ParkingError::Invalid(
+                "the broker refused the marker record (nack)".into(),
+            )),
+        }
+    }
+
+    /// Applies the records from `from` to `end` to `index`.
+    async fn catch_up(&self, index: &SharedIndex, from: Start, end: Option<Stop>) -> Result<(), ParkingError> {
         let stream = self.names.parked.clone();
         self.scan(from, end, |offset, kind, body| match lot_index::decode(kind, body) {
             Ok(record) => index.write().apply(offset, record),
@@ -696,9 +775,10 @@ impl<'a> ParkingLot<'a> {
             let (run, tail) = rest.split_at(run_len);
             let last = run[run.len() - 1];
             let mut wanted = run.iter().peekable();
-            self.scan(Start::Offset(first), Some(last), |offset, kind, body| {
+            self.scan(Start::Offset(first), Some(Stop::At(last)), |offset, kind, body| {
                 while wanted.next_if(|w| **w < offset).is_some() {}
-                if wanted.next_if(|w| **w == offset).is_none() || kind == Some(RESOLUTION_FORMAT) {
+                let not_an_entry = matches!(kind, Some(RESOLUTION_FORMAT | MARKER_FORMAT));
+                if wanted.next_if(|w| **w == offset).is_none() || not_an_entry {
                     return;
                 }
                 match Envelope::from_slice(body) {
@@ -951,17 +1031,17 @@ impl<'a> ParkingLot<'a> {
         result
     }
 
-    /// Reads the stream from `from` to `end` (inclusive), handing each record to `visit` with its
-    /// offset and `type` property; decoding is the visitor's (one bad record must not hide the
-    /// others).
+    /// Reads the stream from `from` to `end` (inclusive; `None`: the stream is empty), handing
+    /// each record to `visit` with its offset and `type` property; decoding is the visitor's (one
+    /// bad record must not hide the others).
     async fn scan(
         &self,
         from: Start,
-        end: Option<u64>,
+        end: Option<Stop>,
         mut visit: impl FnMut(u64, Option<&str>, &[u8]),
     ) -> Result<(), ParkingError> {
         let Some(end) = end else { return Ok(()) };
-        if matches!(from, Start::Offset(from) if from > end) {
+        if matches!((from, &end), (Start::Offset(from), Stop::At(end)) if from > *end) {
             return Ok(());
         }
         let channel = bounded("opening a channel", self.connection.create_channel()).await?;
@@ -994,7 +1074,7 @@ impl<'a> ParkingLot<'a> {
         &self,
         channel: &Channel,
         from: Start,
-        end: u64,
+        end: Stop,
         visit: &mut impl FnMut(u64, Option<&str>, &[u8]),
     ) -> Result<(), ParkingError> {
         let mut consumer = self.subscribe(channel, from.argument()).await?;
@@ -1028,19 +1108,23 @@ impl<'a> ParkingLot<'a> {
                 warn!(stream = %self.names.parked, "a delivery without x-stream-offset; skipped");
                 continue;
             };
-            if offset > end {
+            if matches!(end, Stop::At(end) if offset > end) {
                 last_tag = tag;
                 break;
             }
+            let kind = delivery.properties.kind().as_ref().map(|k| k.as_str());
             // A numeric start offset delivers from the chunk that holds it.
             if from.includes(offset) {
-                visit(
-                    offset,
-                    delivery.properties.kind().as_ref().map(|k| k.as_str()),
-                    &delivery.data,
-                );
+                visit(offset, kind, &delivery.data);
             }
-            if offset == end {
+            let done = match &end {
+                Stop::At(end) => offset == *end,
+                Stop::Marker(id) => {
+                    kind == Some(MARKER_FORMAT)
+                        && serde_json::from_slice::<Marker>(&delivery.data).is_ok_and(|m| m.id == *id)
+                }
+            };
+            if done {
                 last_tag = tag;
                 break;
             }
