@@ -80,7 +80,9 @@ pub const SCAN_FIRST_RECORD: Duration = Duration::from_secs(2);
 
 /// Reading the last chunk: a gap this long after a delivery ends it. A chunk is delivered in one
 /// burst; a record that comes later was appended after the request started and is not needed.
-pub const LAST_CHUNK_GAP: Duration = Duration::from_millis(150);
+/// Only read-only commands rely on it (actions read up to a marker instead); 300 ms leaves room
+/// for a busy broker's pauses within a burst, at the cost of that much per command.
+pub const LAST_CHUNK_GAP: Duration = Duration::from_millis(300);
 
 /// A scan that received nothing for this long before it reached the end offset gives up with
 /// [`ParkingError::Timeout`] rather than return a silently short answer. Streams deliver chunk
