@@ -174,7 +174,13 @@ impl Desk {
         {
             return Ok(connection.clone());
         }
-        let connect = service::connect(&self.config.amqp);
+        // named apart from the relay's in the management UI; full-size frames, since a replay
+        // republishes headers of up to `max_header_bytes` and headers must fit one frame
+        let amqp = crate::config::AmqpConfig {
+            connection_name: format!("{}-operator", self.config.amqp.connection_name),
+            ..self.config.amqp.clone()
+        };
+        let connect = service::connect(&amqp);
         let connection = match tokio::time::timeout(crate::parking::BROKER_TIMEOUT, connect).await {
             Ok(result) => Arc::new(result?),
             Err(_) => {

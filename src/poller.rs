@@ -46,6 +46,10 @@ use crate::topology::Names;
 /// an operator would notice stale depths; a call that takes longer drops the connection.
 pub const BROKER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The poller only sends and receives passive declares: small frames are plenty, and they save
+/// about 7 MiB of lapin's buffers (see [`service::connect_with_frame_max`]).
+const POLLER_FRAME_MAX: u32 = 16 * 1024;
+
 /// How long closing the poller's connection may take (at shutdown, or to replace a broken one).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -444,7 +448,7 @@ impl Broker {
         self.channel = None;
         if !self.connection.as_ref().is_some_and(|c| c.status().connected()) {
             self.reset().await;
-            let connection = service::connect(amqp)
+            let connection = service::connect_with_frame_max(amqp, Some(POLLER_FRAME_MAX))
                 .await
                 .map_err(|e| format!("cannot reach the broker: {e}"))?;
             self.connection = Some(connection);
