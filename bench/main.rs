@@ -14,6 +14,7 @@ mod broker;
 mod decide;
 mod hold;
 mod minimal_relay;
+mod parking;
 mod plot;
 mod procs;
 mod report;
@@ -104,6 +105,18 @@ enum Sub {
         #[arg(long)]
         pid: Option<u32>,
     },
+    /// The parking lot at a million entries: the CLI and the service's index and API against a
+    /// bare read of the same stream (`benchmarks/parking.md`; `--smoke`: 2 000 entries, nothing
+    /// written).
+    Parking {
+        /// Entries to park (default 1 000 000, or 2 000 with --smoke).
+        #[arg(long)]
+        entries: Option<u64>,
+        /// Repetitions of each timed CLI command and bare read; medians are reported (default 3,
+        /// or 1 with --smoke).
+        #[arg(long)]
+        runs: Option<usize>,
+    },
     /// Writes results.md and the plots again from a results.json (after a change of format).
     Render {
         /// The results.json of a run; the report goes next to it.
@@ -136,6 +149,14 @@ fn main() -> ExitCode {
         Some(Sub::Decide(args)) => child(decide::run(args)),
         Some(Sub::Render { json }) => child(render(&json)),
         Some(Sub::Cleanup { pid }) => child(runtime.block_on(cleanup(&cli.url, pid))),
+        Some(Sub::Parking { entries, runs }) => match runtime.block_on(parking_bench(&cli, entries, runs)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("ladder-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Sub::All) | None => match runtime.block_on(bench(cli)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
@@ -165,6 +186,72 @@ fn utc_now() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+/// The `ladder` binary to measure: `--ladder-bin`, or the one built next to this one.
+fn ladder_bin(cli: &Cli) -> Result<PathBuf> {
+    let ladder_bin = match &cli.ladder_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .ok_or_else(|| anyhow!("no directory for the ladder binary"))?
+            .join("ladder"),
+    };
+    if !ladder_bin.is_file() {
+        return Err(anyhow!(
+            "{} not found: build it first (cargo build --release --bins)",
+            ladder_bin.display()
+        ));
+    }
+    Ok(ladder_bin)
+}
+
+/// `ladder-bench parking`; `Ok(false)` when something it declared could not be deleted.
+async fn parking_bench(cli: &Cli, entries: Option<u64>, runs: Option<usize>) -> Result<bool> {
+    let ladder_bin = ladder_bin(cli)?;
+    let entries = entries.unwrap_or(if cli.smoke { 2000 } else { 1_000_000 }).max(10);
+    let runs = runs.unwrap_or(if cli.smoke { 1 } else { 3 }).max(1);
+    let work = std::env::temp_dir().join(format!("ladder-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let started = utc_now();
+    let load = procs::loadavg();
+    eprintln!(
+        "ladder-bench parking: {entries} entries, load average {load}; logs in {}",
+        work.display()
+    );
+    let registry = Registry::default();
+    let outcome = tokio::select! {
+        r = parking::measure(&cli.url, &ladder_bin, &work, &registry, entries, runs) => r,
+        signal = interrupted() => Err(anyhow!("{signal}: stopped")),
+    };
+    eprintln!("cleaning up: deleting every queue and exchange the benchmark declared");
+    let names = registry.snapshot();
+    let failures = registry.delete_all(&cli.url).await;
+    for f in &failures {
+        eprintln!("ladder-bench: cleanup: {f}");
+    }
+    let leftovers = still_there(&cli.url, &names).await;
+    if !leftovers.is_empty() {
+        eprintln!(
+            "ladder-bench: still on the broker after cleanup: {}",
+            leftovers.join(", ")
+        );
+    }
+    let clean = failures.is_empty() && leftovers.is_empty();
+    let results = outcome.with_context(|| format!("logs of the services are in {}", work.display()))?;
+    let _ = std::fs::remove_dir_all(&work);
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let report = parking::markdown(&results, &command, &started, &load);
+    if cli.smoke {
+        eprintln!("smoke (numbers mean nothing; every count was checked):\n{report}");
+    } else {
+        let out = cli.out.clone().unwrap_or_else(|| PathBuf::from("benchmarks"));
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(out.join("parking.json"), serde_json::to_string_pretty(&results)?)?;
+        std::fs::write(out.join("parking.md"), &report)?;
+        eprintln!("{report}\nwrote {}", out.join("parking.md").display());
+    }
+    Ok(clean)
 }
 
 /// Runs the benchmark; `Ok(false)` when a smoke run found something wrong.
@@ -197,19 +284,7 @@ async fn bench(cli: Cli) -> Result<bool> {
         profile.child_env.push((k.to_string(), v.to_string()));
     }
     let smoke = cli.smoke;
-    let ladder_bin = match &cli.ladder_bin {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .ok_or_else(|| anyhow!("no directory for the ladder binary"))?
-            .join("ladder"),
-    };
-    if !ladder_bin.is_file() {
-        return Err(anyhow!(
-            "{} not found: build it first (cargo build --release --bins)",
-            ladder_bin.display()
-        ));
-    }
+    let ladder_bin = ladder_bin(&cli)?;
     let work = std::env::temp_dir().join(format!("ladder-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let out_dir = match (&cli.out, smoke) {

@@ -7,21 +7,24 @@
 //! keeps one per ladder that follows the stream ([`crate::operator`]), so every replica serves
 //! the same view a few milliseconds behind the stream.
 //!
-//! What it cannot answer — header `key=value` and body substring searches — the caller checks on
-//! the records it fetches ([`Filter::needs_records`]). Pure: no I/O.
+//! What it cannot answer exactly — header `key=value` and body substring searches — the caller
+//! checks on the records it fetches ([`Filter::needs_records`]). For headers it narrows those
+//! records first: each row keeps a small Bloom filter of its message's top-level headers (see
+//! [`header_bits`]), so a search for a rare value fetches the few entries that may hold it, not
+//! the whole lot. Pure: no I/O.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use crate::parking::{Action, Filter, MARKER_FORMAT, Marker, ParkingError, RESOLUTION_FORMAT, Resolution};
 
 /// The index keeps at most this many entries and drops the oldest beyond it (they stay in the
-/// stream, reachable by offset). A row takes about 56 bytes, so the cap bounds an index near
-/// 550 MB; the stream's own retention normally removes entries long before.
+/// stream, reachable by offset). A row takes 64 bytes, so the cap bounds an index near 650 MB;
+/// the stream's own retention normally removes entries long before.
 pub const MAX_INDEXED_ENTRIES: usize = 10_000_000;
 
 /// What the index needs of a parked record: its body is skipped, headers are not built.
@@ -42,10 +45,105 @@ struct SummaryMessage {
 struct SummaryProperties {
     message_id: Option<String>,
     correlation_id: Option<String>,
-    // Present so serde skips it in place (it may nest deeply).
+    // Only the top-level scalar values are read, into a digest; nested values are skipped in
+    // place (they may nest deeply).
     #[serde(default)]
-    #[allow(dead_code)]
-    headers: Option<IgnoredAny>,
+    headers: Option<HeaderDigest>,
+}
+
+/// The Bloom filter of a message's headers: for each top-level header with a text form (the
+/// form `--header key=value` compares: strings as they are, integers in decimal, booleans),
+/// the bits [`header_bits`] gives its key and text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct HeaderDigest(u128);
+
+impl<'de> Deserialize<'de> for HeaderDigest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Headers;
+        impl<'de> Visitor<'de> for Headers {
+            type Value = HeaderDigest;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table of typed header values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderDigest, A::Error> {
+                let mut digest = 0;
+                while let Some(key) = map.next_key::<String>()? {
+                    if let Some(text) = map.next_value::<TypedHeader>()?.value.0 {
+                        digest |= header_bits(&key, &text);
+                    }
+                }
+                Ok(HeaderDigest(digest))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<HeaderDigest, E> {
+                Ok(HeaderDigest(0))
+            }
+        }
+        deserializer.deserialize_any(Headers)
+    }
+}
+
+/// A header as the envelope stores it: `{"type": ..., "value": ...}`; only the value is read.
+#[derive(Deserialize)]
+struct TypedHeader {
+    #[serde(default)]
+    value: HeaderText,
+}
+
+/// A header value's text form, if it has one; anything nested is skipped without being built.
+/// Must agree with `parking::header_text`, which checks the records (a unit test pins it).
+#[derive(Default)]
+struct HeaderText(Option<String>);
+
+impl<'de> Deserialize<'de> for HeaderText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> Visitor<'de> for Text {
+            type Value = HeaderText;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<HeaderText, E> {
+                Ok(HeaderText(Some(v.to_string())))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<HeaderText, E> {
+                Ok(HeaderText(Some(v.to_string())))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<HeaderText, E> {
+                Ok(HeaderText(Some(v.to_string())))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<HeaderText, E> {
+                Ok(HeaderText(Some(v.to_string())))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<HeaderText, E> {
+                Ok(HeaderText(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<HeaderText, E> {
+                Ok(HeaderText(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<HeaderText, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(HeaderText(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderText, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(HeaderText(None))
+            }
+        }
+        deserializer.deserialize_any(Text)
+    }
+}
+
+/// The digest bits of one header `key` with text form `text`: three of 128, from one hash. With
+/// the dozen scalar headers a parked message typically carries (its own and Ladder's
+/// `retry-*`), about 1 row in 100 that lacks a pair still passes the filter; those are read
+/// and rejected by the exact check, so the digest only decides how much is read, never what
+/// matches.
+pub fn header_bits(key: &str, text: &str) -> u128 {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    text.hash(&mut h);
+    let h = h.finish();
+    (0..3).fold(0u128, |bits, i| bits | 1u128 << ((h >> (i * 7)) & 127))
 }
 
 /// One indexed record, decoded from a stream delivery's `type` property and body.
@@ -72,6 +170,8 @@ pub struct EntrySummary {
     pub message_id: Option<String>,
     /// The original `correlation_id`.
     pub correlation_id: Option<String>,
+    /// The [`header_bits`] of every original header with a text form, or-ed together.
+    pub header_digest: u128,
 }
 
 /// Decodes what the index needs of one record. A record of neither kind is an error the caller
@@ -97,6 +197,7 @@ pub fn decode(kind: Option<&str>, body: &[u8]) -> Result<Indexed, ParkingError> 
         parked_at_ms: summary.parked_at_ms,
         message_id: summary.message.properties.message_id,
         correlation_id: summary.message.properties.correlation_id,
+        header_digest: summary.message.properties.headers.unwrap_or_default().0,
     }))
 }
 
@@ -109,6 +210,8 @@ struct Row {
     parked_at_ms: u64,
     message_id: u64,
     correlation_id: u64,
+    /// [`EntrySummary::header_digest`].
+    headers: u128,
     destination: u32,
     reason: u32,
     resolved: bool,
@@ -267,6 +370,7 @@ impl LotIndex {
                     parked_at_ms: e.parked_at_ms,
                     message_id: hash(e.message_id.as_deref()),
                     correlation_id: hash(e.correlation_id.as_deref()),
+                    headers: e.header_digest,
                     destination: self.destinations.intern(e.destination.as_deref()),
                     reason: self.reasons.intern(Some(&e.reason)),
                     resolved: false,
@@ -342,6 +446,8 @@ impl LotIndex {
         let correlation_id = filter.correlation_id.as_deref().map(|c| hash(Some(c)));
         let offsets = filter.offsets.as_ref();
         let (since, until) = (filter.since_ms, filter.until_ms);
+        // rows that may hold every wanted header (the records are checked exactly afterwards)
+        let headers = filter.headers.iter().fold(0u128, |m, (k, v)| m | header_bits(k, v));
         Some(move |row: &Row| {
             (include_resolved || !row.resolved)
                 && destination.is_none_or(|d| row.destination == d)
@@ -351,11 +457,12 @@ impl LotIndex {
                 && message_id.is_none_or(|m| row.message_id == m)
                 && correlation_id.is_none_or(|c| row.correlation_id == c)
                 && offsets.is_none_or(|o| o.contains(&row.offset))
+                && row.headers & headers == headers
         })
     }
 
     /// Entries matching the indexed part of `filter` (all of it unless
-    /// [`Filter::needs_records`]): the total, and the offsets of `limit` of them after skipping
+    /// [`Filter::needs_records`], and for headers only maybe): the total, and the offsets of `limit` of them after skipping
     /// the `skip` newest.
     pub fn page(&self, filter: &Filter, include_resolved: bool, skip: usize, limit: usize) -> OffsetPage {
         let Some(matches) = self.predicate(filter, include_resolved) else {
@@ -420,6 +527,7 @@ mod tests {
             parked_at_ms: at,
             message_id: message_id.map(str::to_string),
             correlation_id: None,
+            header_digest: 0,
         })
     }
 
@@ -576,6 +684,124 @@ mod tests {
         assert!(decode(None, b"{}").is_err());
     }
 
+    /// The digest must hold every pair the exact check (`parking::header_text`) would accept,
+    /// whatever the header's AMQP type: a missing pair would hide a match.
+    #[test]
+    fn the_header_digest_holds_every_pair_the_exact_check_accepts() {
+        use lapin::BasicProperties;
+        use lapin::types::{AMQPValue, ByteArray, DecimalValue, FieldArray, FieldTable, LongString};
+
+        let mut headers = FieldTable::default();
+        let mut nested = FieldTable::default();
+        nested.insert("inner".into(), AMQPValue::LongString(LongString::from("x")));
+        let values = [
+            ("text", AMQPValue::LongString(LongString::from("acme \"quoted\" ü"))),
+            ("short", AMQPValue::ShortString("s".into())),
+            ("negative", AMQPValue::LongLongInt(-42)),
+            ("small", AMQPValue::ShortShortUInt(7)),
+            ("big", AMQPValue::LongUInt(4_000_000_000)),
+            ("flag", AMQPValue::Boolean(true)),
+            ("when", AMQPValue::Timestamp(1_763_766_012)),
+            ("ratio", AMQPValue::Double(2.0)),
+            ("nan", AMQPValue::Float(f32::NAN)),
+            ("price", AMQPValue::DecimalValue(DecimalValue { scale: 2, value: 1999 })),
+            ("bytes", AMQPValue::ByteArray(ByteArray::from(vec![1u8, 2, 3]))),
+            ("binary", AMQPValue::LongString(LongString::from(vec![0xff_u8, 0xfe]))),
+            (
+                "list",
+                AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongLongInt(1)])),
+            ),
+            ("table", AMQPValue::FieldTable(nested)),
+            ("void", AMQPValue::Void),
+        ];
+        for (k, v) in values {
+            headers.insert(k.into(), v);
+        }
+        let props = BasicProperties::default().with_headers(headers);
+        let envelope = crate::envelope::Envelope {
+            format: crate::envelope::FORMAT.into(),
+            reason: "max-attempts".into(),
+            detail: String::new(),
+            ladder: "l".into(),
+            destination: Some("orders".into()),
+            attempts: Some(1),
+            first_failed_at_ms: None,
+            history: vec![],
+            replayed_from: None,
+            parked_at_ms: 1,
+            hop: "due".into(),
+            message: crate::envelope::OriginalMessage::capture("", "orders", &props, b"{}"),
+        };
+        let body = serde_json::to_vec(&envelope).unwrap();
+        let Indexed::Entry(summary) = decode(None, &body).unwrap() else {
+            panic!("not an entry")
+        };
+        let json = &envelope.message.properties["headers"];
+        let mut with_text = vec![];
+        for (key, typed) in json.as_object().unwrap() {
+            if let Some(text) = crate::parking::header_text(Some(typed)) {
+                let bits = header_bits(key, &text);
+                assert_eq!(
+                    summary.header_digest & bits,
+                    bits,
+                    "{key}={text} is missing from the digest"
+                );
+                with_text.push(key.as_str());
+            }
+        }
+        with_text.sort_unstable();
+        // the pairs the exact check can match: not the float, decimal, bytes, list, table, void
+        assert_eq!(
+            with_text,
+            ["big", "flag", "nan", "negative", "short", "small", "text", "when"]
+        );
+        // an envelope without headers, or with `null`, has an empty digest
+        let bare = br#"{"format":"ladder.parked/v1","reason":"r","detail":"","ladder":"l","destination":null,
+            "attempts":null,"first_failed_at_ms":null,"parked_at_ms":1,"hop":"due","message":{"exchange":"",
+            "routing_key":"q","properties":{"headers":null},"body_base64":""}}"#;
+        let Indexed::Entry(summary) = decode(None, bare).unwrap() else {
+            panic!("not an entry")
+        };
+        assert_eq!(summary.header_digest, 0);
+    }
+
+    #[test]
+    fn a_header_filter_narrows_the_candidates_without_losing_one() {
+        let mut ix = LotIndex::new();
+        for i in 0..10_000u64 {
+            let tenant = format!("t{}", i % 100);
+            let digest = header_bits("tenant", &tenant) | header_bits("retry-attempt", &(i % 8).to_string());
+            ix.apply(
+                i,
+                Indexed::Entry(EntrySummary {
+                    reason: "max-attempts".into(),
+                    destination: Some("orders".into()),
+                    parked_at_ms: i,
+                    message_id: None,
+                    correlation_id: None,
+                    header_digest: digest,
+                }),
+            );
+        }
+        let f = Filter {
+            headers: vec![("tenant".into(), "t7".into())],
+            ..Filter::default()
+        };
+        let candidates = ix.candidates(&f, false);
+        let exact: Vec<u64> = (0..10_000).filter(|i| i % 100 == 7).collect();
+        assert!(
+            exact.iter().all(|o| candidates.binary_search(o).is_ok()),
+            "a true match was filtered out"
+        );
+        // 100 true matches; rows with two pairs (6 of 128 bits) let almost nothing else through
+        assert!(candidates.len() < 200, "{} candidates", candidates.len());
+        let none = Filter {
+            headers: vec![("tenant".into(), "nobody".into())],
+            ..Filter::default()
+        };
+        assert!(ix.candidates(&none, false).len() < 100);
+    }
+
     #[test]
     fn a_million_rows_stay_compact_and_fast() {
         let mut ix = LotIndex::new();
@@ -584,7 +810,7 @@ mod tests {
             let id = format!("m{i}");
             ix.apply(i, entry("max-attempts", Some(&destination), i, Some(&id)));
         }
-        assert_eq!(std::mem::size_of::<Row>(), 48);
+        assert_eq!(std::mem::size_of::<Row>(), 64);
         let f = Filter {
             destination: Some("queue-7".into()),
             ..Filter::default()

@@ -312,7 +312,7 @@ impl Filter {
 
 /// A typed header value (`{"type", "value"}`) as text: strings as they are, integers in
 /// decimal, booleans as `true`/`false`; other types have no text form.
-fn header_text(typed: Option<&Value>) -> Option<String> {
+pub(crate) fn header_text(typed: Option<&Value>) -> Option<String> {
     let value = typed?.get("value")?;
     match value {
         Value::String(s) => Some(s.clone()),
