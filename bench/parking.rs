@@ -495,6 +495,17 @@ pub async fn measure(
         ),
         (
             vec![
+                "--reason".into(),
+                "invalid-header".into(),
+                "--header".into(),
+                "tenant=t7".into(),
+                "--limit".into(),
+                "20".into(),
+            ],
+            count(&|i| reason_of(i) == "invalid-header" && i % TENANTS == 7),
+        ),
+        (
+            vec![
                 "--message-id".into(),
                 format!("m-{}", entries - 7),
                 "--limit".into(),
@@ -559,6 +570,11 @@ pub async fn measure(
             format!("{base}?reason=invalid-header&destination={dest3}&header=tenant%3Dt7&limit=20"),
             5,
             count(&|i| reason_of(i) == "invalid-header" && i % DESTINATIONS == 3 && i % TENANTS == 7),
+        ),
+        (
+            format!("{base}?reason=invalid-header&header=tenant%3Dt7&limit=20"),
+            5,
+            count(&|i| reason_of(i) == "invalid-header" && i % TENANTS == 7),
         ),
         (format!("{base}?message_id=m-{}", entries - 7), 20, 1),
     ];

@@ -105,10 +105,11 @@ pub const MAX_PAGE_WINDOW: usize = 10_000;
 pub const MAX_ACTION_BATCH: usize = 10_000;
 
 /// Fetching entries by offset: offsets at most this far apart are read in one pass over the
-/// stream rather than with a consumer each. Starting a consumer costs a round trip and the
-/// broker reads from the start of the offset's chunk anyway, so reading a few hundred records
-/// in between is cheaper than starting again.
-pub const FETCH_RUN_GAP: u64 = 256;
+/// stream rather than with a consumer each. Starting a consumer (a channel, a subscription, and
+/// the broker reading from the start of the offset's chunk) cost 20–30 ms here, about as long
+/// as streaming 1 000–2 000 records (`ladder-bench parking`, BENCHMARKS.md), so reading up to
+/// this many records in between is cheaper than starting again.
+pub const FETCH_RUN_GAP: u64 = 2048;
 
 /// What can go wrong reading or changing the parking lot.
 #[derive(Debug, thiserror::Error)]
