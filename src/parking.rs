@@ -1307,12 +1307,12 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
         }
     }
     match e.message.body() {
-        Ok(body) => match std::str::from_utf8(&body) {
-            Ok(text) => {
+        Ok(body) => match body_text(&body) {
+            Some(text) => {
                 let _ = writeln!(out, "body ({} bytes, text)\n{text}", body.len());
             }
-            Err(_) => {
-                let _ = writeln!(out, "body ({} bytes, hex)\n{}", body.len(), hex(&body));
+            None => {
+                let _ = writeln!(out, "body ({} bytes, hex)\n{}", body.len(), hex_dump(&body));
             }
         },
         Err(e) => {
@@ -1322,7 +1322,16 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     out
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// A body as text, if it is text: UTF-8 without control characters other than tab, newline and
+/// carriage return (a NUL or an escape sequence would garble a terminal or hide in a page).
+pub fn body_text(bytes: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let printable = text.chars().all(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r'));
+    printable.then_some(text)
+}
+
+/// `bytes` as hex, 16 a line, each line led by its offset.
+pub fn hex_dump(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 3);
     for (i, chunk) in bytes.chunks(16).enumerate() {
         let _ = write!(out, "{:08x} ", i * 16);
@@ -1683,8 +1692,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("n (long-int) = 7"), "{text}");
-        entry.envelope = envelope("no-route", Some("orders"), 0, props, &[0, 1, 0xff]);
+        entry.envelope = envelope("no-route", Some("orders"), 0, props.clone(), &[0, 1, 0xff]);
         assert!(render_entry("s", &entry).contains("body (3 bytes, hex)\n00000000  00 01 ff"));
+        // valid UTF-8 with control characters is not shown as text either
+        entry.envelope = envelope("no-route", Some("orders"), 0, props, b"\x00\x1b[2Jbin");
+        assert!(
+            render_entry("s", &entry).contains("body (8 bytes, hex)\n00000000  00 1b 5b 32 4a 62 69 6e"),
+            "{}",
+            render_entry("s", &entry)
+        );
+        assert_eq!(body_text(b"line\r\n\ttabbed \xc3\xbc"), Some("line\r\n\ttabbed \u{fc}"));
     }
 
     #[test]

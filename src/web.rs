@@ -279,7 +279,10 @@ fn summary(ladder: &str, e: &ParkedEntry) -> Markup {
             tr { th { "Attempts" } td { (v.attempts.map_or("-".to_string(), |a| a.to_string())) } }
             @if let Some(first) = v.first_failed_at_ms { tr { th { "First failed" } td { (format_time(first)) } } }
             tr { th { "Parked at" } td { (format_time(v.parked_at_ms)) " (" (v.hop) " hop)" } }
-            tr { th { "Received on" } td { "exchange " code { (v.message.exchange) } ", routing key " code { (v.message.routing_key) } } }
+            tr { th { "Received on" } td {
+                "exchange " code { (shown(&v.message.exchange, "(default)")) }
+                ", routing key " code { (shown(&v.message.routing_key, "(empty)")) }
+            } }
             tr { th { "Resolution" } td #resolution { (describe(e)) } }
         }
     }
@@ -337,6 +340,11 @@ pub(crate) async fn entry(
     page(&format!("Parked entry {offset}"), body).into_response()
 }
 
+/// `name`, or `empty` when it is the empty string (which a page would show as nothing).
+fn shown<'a>(name: &'a str, empty: &'a str) -> &'a str {
+    if name.is_empty() { empty } else { name }
+}
+
 fn value_text(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
@@ -346,15 +354,11 @@ fn value_text(value: &Value) -> String {
 
 fn body_view(e: &ParkedEntry) -> Markup {
     match e.envelope.message.body() {
-        Ok(bytes) => match std::str::from_utf8(&bytes) {
-            Ok(text) => html! { p { (bytes.len()) " bytes, text" } pre #body { (text) } },
-            Err(_) => {
-                let hex: Vec<String> = bytes
-                    .chunks(16)
-                    .map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" "))
-                    .collect();
-                html! { p { (bytes.len()) " bytes, binary (hex)" } pre #body .hex { (hex.join("\n")) } }
-            }
+        Ok(bytes) => match crate::parking::body_text(&bytes) {
+            Some(text) => html! { p { (bytes.len()) " bytes, text" } pre #body { (text) } },
+            None => html! {
+                p { (bytes.len()) " bytes, binary (hex)" } pre #body .hex { (crate::parking::hex_dump(&bytes)) }
+            },
         },
         Err(err) => html! { p #body .error { (err) } },
     }
