@@ -70,6 +70,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/api/ladders/{ladder}/parked", get(api::list))
         .route("/api/ladders/{ladder}/parked/replay", post(api::replay))
         .route("/api/ladders/{ladder}/parked/discard", post(api::discard))
+        .route("/api/ladders/{ladder}/parked/counts", get(api::counts))
         .route("/api/ladders/{ladder}/parked/{offset}", get(api::show))
         .route("/", get(web::overview))
         .route("/ladders/{ladder}/parked", get(web::list))

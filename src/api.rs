@@ -2,6 +2,8 @@
 //! scripts and tools:
 //!
 //! - `GET  /api/ladders/{ladder}/parked` — a page of entries, newest first, and the total;
+//! - `GET  /api/ladders/{ladder}/parked/counts` — the matching entries counted in all, per
+//!   destination and per reason;
 //! - `GET  /api/ladders/{ladder}/parked/{offset}` — one entry in full;
 //! - `POST /api/ladders/{ladder}/parked/replay` — replay by offsets and/or a filter;
 //! - `POST /api/ladders/{ladder}/parked/discard` — discard by offsets and/or a filter.
@@ -25,6 +27,7 @@ use tracing::warn;
 
 use crate::admin::AdminState;
 use crate::config::OperatorToken;
+use crate::lot_index::Counts;
 use crate::operator::ActionReport;
 use crate::parking::{self, Filter, Page, PageRequest, ParkedEntry, ParkingError, ReplayOptions};
 
@@ -178,6 +181,34 @@ pub(crate) async fn list(
         entries,
         indexed_entries: status.entries,
         next_offset: status.next_offset,
+        caught_up: status.caught_up,
+    }))
+}
+
+/// The counts' answer.
+#[derive(Debug, Serialize)]
+pub(crate) struct CountsView {
+    #[serde(flatten)]
+    counts: Counts,
+    /// How far this replica's index has read the stream.
+    indexed_entries: usize,
+    /// Whether this replica's index has read the whole stream yet (counts are partial until).
+    caught_up: bool,
+}
+
+/// `GET /api/ladders/{ladder}/parked/counts`: the listing's filters; `offset` and `limit` do
+/// not apply.
+pub(crate) async fn counts(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path(ladder): Path<String>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Result<Json<CountsView>, ApiError> {
+    let q = parse_query(&pairs, crate::relay::now_ms())?;
+    let counts = state.desk.counts(&ladder, &q.filter, q.include_resolved).await?;
+    let status = state.desk.status(&ladder)?;
+    Ok(Json(CountsView {
+        counts,
+        indexed_entries: status.entries,
         caught_up: status.caught_up,
     }))
 }

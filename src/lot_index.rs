@@ -262,13 +262,53 @@ fn hash(text: Option<&str>) -> u64 {
     h.finish().max(1)
 }
 
-/// Unresolved entries per destination (`-` for none) and per reason, sorted by name.
+/// Entries counted in all, per destination (`-` for none) and per reason; each group largest
+/// first, then by name. Serialized as `{"total", "by_destination": [[name, n], ..],
+/// "by_reason": [..]}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct UnresolvedCounts {
+pub struct Counts {
+    /// Every entry counted.
+    pub total: u64,
     /// Count per destination.
     pub by_destination: Vec<(String, u64)>,
     /// Count per reason.
     pub by_reason: Vec<(String, u64)>,
+}
+
+/// Builds [`Counts`] one entry at a time, for entries checked outside the index (header and
+/// body searches).
+#[derive(Debug, Default)]
+pub struct Tally {
+    total: u64,
+    by_destination: HashMap<String, u64>,
+    by_reason: HashMap<String, u64>,
+}
+
+impl Tally {
+    /// Counts one entry.
+    pub fn add(&mut self, destination: Option<&str>, reason: &str) {
+        self.total += 1;
+        *self
+            .by_destination
+            .entry(destination.unwrap_or("-").to_string())
+            .or_default() += 1;
+        *self.by_reason.entry(reason.to_string()).or_default() += 1;
+    }
+
+    /// The counts, each group largest first.
+    pub fn finish(self) -> Counts {
+        Counts {
+            total: self.total,
+            by_destination: largest_first(self.by_destination),
+            by_reason: largest_first(self.by_reason),
+        }
+    }
+}
+
+fn largest_first(counts: HashMap<String, u64>) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = counts.into_iter().collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
 }
 
 /// A [`LotIndex`] shared between the task that follows the stream and the requests that read
@@ -491,26 +531,38 @@ impl LotIndex {
         }
     }
 
-    /// Unresolved entries per destination and per reason, for an overview.
-    pub fn unresolved_counts(&self) -> UnresolvedCounts {
+    /// Entries matching the indexed part of `filter` (all of it unless
+    /// [`Filter::needs_records`]), counted in all, per destination and per reason.
+    pub fn counts(&self, filter: &Filter, include_resolved: bool) -> Counts {
+        let Some(matches) = self.predicate(filter, include_resolved) else {
+            return Counts::default();
+        };
+        let mut total = 0;
         let mut by_destination: HashMap<u32, u64> = HashMap::new();
         let mut by_reason: HashMap<u32, u64> = HashMap::new();
-        for row in self.rows.iter().filter(|r| !r.resolved) {
+        for row in self.rows.iter().filter(|r| matches(r)) {
+            total += 1;
             *by_destination.entry(row.destination).or_default() += 1;
             *by_reason.entry(row.reason).or_default() += 1;
         }
         let named = |interner: &Interner, counts: HashMap<u32, u64>| {
-            let mut out: Vec<(String, u64)> = counts
-                .into_iter()
-                .map(|(id, n)| (interner.name(id).unwrap_or("-").to_string(), n))
-                .collect();
-            out.sort();
-            out
+            largest_first(
+                counts
+                    .into_iter()
+                    .map(|(id, n)| (interner.name(id).unwrap_or("-").to_string(), n))
+                    .collect(),
+            )
         };
-        UnresolvedCounts {
+        Counts {
+            total,
             by_destination: named(&self.destinations, by_destination),
             by_reason: named(&self.reasons, by_reason),
         }
+    }
+
+    /// Unresolved entries in all, per destination and per reason, for an overview.
+    pub fn unresolved_counts(&self) -> Counts {
+        self.counts(&Filter::default(), false)
     }
 }
 
@@ -648,16 +700,44 @@ mod tests {
     }
 
     #[test]
-    fn unresolved_counts_group_by_destination_and_reason() {
+    fn counts_group_by_destination_and_reason_largest_first() {
         let counts = index().unresolved_counts();
+        assert_eq!(counts.total, 4);
         assert_eq!(
             counts.by_destination,
-            vec![("-".into(), 1), ("billing".into(), 1), ("orders".into(), 2)]
+            vec![("orders".into(), 2), ("-".into(), 1), ("billing".into(), 1)]
         );
         assert_eq!(
             counts.by_reason,
-            vec![("invalid-header".into(), 1), ("max-attempts".into(), 3)]
+            vec![("max-attempts".into(), 3), ("invalid-header".into(), 1)]
         );
+        let billing = Filter {
+            destination: Some("billing".into()),
+            ..Filter::default()
+        };
+        let with_resolved = index().counts(&billing, true);
+        assert_eq!(with_resolved.total, 2);
+        assert_eq!(
+            with_resolved.by_reason,
+            vec![("max-attempts".into(), 1), ("no-route".into(), 1)]
+        );
+        let nowhere = Filter {
+            reason: Some("never-seen".into()),
+            ..Filter::default()
+        };
+        assert_eq!(index().counts(&nowhere, true), Counts::default());
+        // the tally for checked records orders the same way
+        let mut tally = Tally::default();
+        for (d, r) in [(Some("b"), "x"), (None, "y"), (Some("a"), "x"), (Some("b"), "x")] {
+            tally.add(d, r);
+        }
+        let t = tally.finish();
+        assert_eq!(t.total, 4);
+        assert_eq!(
+            t.by_destination,
+            vec![("b".into(), 2), ("-".into(), 1), ("a".into(), 1)]
+        );
+        assert_eq!(t.by_reason, vec![("x".into(), 3), ("y".into(), 1)]);
     }
 
     #[test]

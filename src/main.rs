@@ -93,6 +93,17 @@ enum ParkedCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Count parked messages matching the filters, in all, per reason and per destination.
+    Counts {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Count replayed and discarded entries too.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON (`{"total", "by_destination", "by_reason"}`) instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print one entry in full: body, properties, headers, reason, attempts and times.
     Show {
         /// The entry's stream offset (first column of `list`).
@@ -295,6 +306,23 @@ async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>
                     "{} of {} {} in {}",
                     page.entries.len(),
                     page.total,
+                    if all { "entries" } else { "unresolved entries" },
+                    lot.stream()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        ParkedCommand::Counts { filter, all, json } => {
+            let filter = filter.build(&[])?;
+            let index = lot.index_for(&filter).await?;
+            let counts = lot.counts(&index, &filter, all).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&counts)?);
+            } else {
+                print!("{}", parking::render_counts(&counts));
+                println!(
+                    "{} {} in {}",
+                    counts.total,
                     if all { "entries" } else { "unresolved entries" },
                     lot.stream()
                 );

@@ -25,7 +25,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::config::Config;
 use crate::ladder::LadderSpec;
-use crate::lot_index::{SharedIndex, UnresolvedCounts};
+use crate::lot_index::{Counts, SharedIndex};
 use crate::parking::{
     Filter, Outcome, Page, PageRequest, ParkedEntry, ParkingError, ParkingLot, ReplayOptions, Selection,
 };
@@ -67,7 +67,7 @@ pub struct IndexStatus {
     /// until then, counts are partial (a new replica is still reading).
     pub caught_up: bool,
     /// Unresolved entries by destination and reason.
-    pub unresolved: UnresolvedCounts,
+    pub unresolved: Counts,
 }
 
 struct Lot {
@@ -241,6 +241,20 @@ impl Desk {
         let connection = self.connection().await?;
         ParkingLot::new(&connection, &self.config.namespace, &lot.spec)
             .list(&lot.index, filter, page, include_resolved)
+            .await
+    }
+
+    /// `ladder`'s parked entries matching `filter`, counted in all, per destination and per
+    /// reason.
+    pub async fn counts(&self, ladder: &str, filter: &Filter, include_resolved: bool) -> Result<Counts, ParkingError> {
+        let lot = self.lot(ladder)?;
+        if !filter.needs_records() {
+            // from memory: no connection needed
+            return Ok(lot.index.read().counts(filter, include_resolved));
+        }
+        let connection = self.connection().await?;
+        ParkingLot::new(&connection, &self.config.namespace, &lot.spec)
+            .counts(&lot.index, filter, include_resolved)
             .await
     }
 

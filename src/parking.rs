@@ -729,6 +729,29 @@ impl<'a> ParkingLot<'a> {
         Ok(Page { total, entries })
     }
 
+    /// Entries matching `filter`, in all, per destination and per reason. The index counts
+    /// alone unless the filter has header or body conditions; then the candidates are read and
+    /// checked, as for [`ParkingLot::list`].
+    pub async fn counts(
+        &self,
+        index: &SharedIndex,
+        filter: &Filter,
+        include_resolved: bool,
+    ) -> Result<lot_index::Counts, ParkingError> {
+        if !filter.needs_records() {
+            return Ok(index.read().counts(filter, include_resolved));
+        }
+        let candidates = index.read().candidates(filter, include_resolved);
+        let mut tally = lot_index::Tally::default();
+        self.fetch_each(&candidates, |offset, envelope| {
+            if filter.matches(offset, &envelope) {
+                tally.add(envelope.destination.as_deref(), &envelope.reason);
+            }
+        })
+        .await?;
+        Ok(tally.finish())
+    }
+
     /// The entry at `offset`, resolved or not.
     pub async fn show(&self, index: &SharedIndex, offset: u64) -> Result<ParkedEntry, ParkingError> {
         if index.read().resolution(offset).is_err() {
@@ -1322,6 +1345,25 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     out
 }
 
+/// Counts as two tables, per reason and per destination, largest first.
+pub fn render_counts(counts: &lot_index::Counts) -> String {
+    let mut out = String::new();
+    for (title, rows) in [("REASON", &counts.by_reason), ("DESTINATION", &counts.by_destination)] {
+        let width = rows
+            .iter()
+            .map(|(name, _)| name.len())
+            .max()
+            .unwrap_or(0)
+            .max(title.len());
+        let _ = writeln!(out, "{title:<width$}  {:>9}", "COUNT");
+        for (name, n) in rows {
+            let _ = writeln!(out, "{name:<width$}  {n:>9}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// A body as text, if it is text: UTF-8 without control characters other than tab, newline and
 /// carriage return (a NUL or an escape sequence would garble a terminal or hide in a page).
 pub fn body_text(bytes: &[u8]) -> Option<&str> {
@@ -1676,6 +1718,20 @@ mod tests {
             to: None,
         });
         assert!(render_table(&[entry]).contains("discarded by ops"));
+    }
+
+    #[test]
+    fn counts_render_as_two_aligned_tables() {
+        let counts = lot_index::Counts {
+            total: 5,
+            by_destination: vec![("orders".into(), 4), ("-".into(), 1)],
+            by_reason: vec![("max-attempts".into(), 5)],
+        };
+        assert_eq!(
+            render_counts(&counts),
+            "REASON            COUNT\nmax-attempts          5\n\n\
+             DESTINATION      COUNT\norders               4\n-                    1\n\n"
+        );
     }
 
     #[test]

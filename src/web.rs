@@ -2,7 +2,8 @@
 //! no JavaScript and no front-end build. Pages:
 //!
 //! - `/` — every ladder: tiers with their depths, rates, accounting, unresolved parked entries;
-//! - `/ladders/{ladder}/parked` — the parked list with the API's filters and paging;
+//! - `/ladders/{ladder}/parked` — the parked list with the API's filters and paging, and the
+//!   matches counted per reason and per destination (each a link that narrows the filter);
 //! - `/ladders/{ladder}/parked/{offset}` — one entry: reason, history, properties, headers, body;
 //! - `/ladders/{ladder}/parked/{offset}/{replay|discard}` — a confirmation form (GET) that asks
 //!   for a token from `admin.tokens`, and the action (POST);
@@ -31,6 +32,10 @@ use crate::protocol::ParkReason;
 /// The default rate offered for replaying everything that matches a filter: gentle enough for a
 /// service that just recovered.
 const DEFAULT_BULK_RATE: &str = "50/s";
+
+/// The parked list names the largest this many destinations of its matches; the rest are
+/// counted (a lot may hold entries for hundreds of queues).
+const BREAKDOWN_DESTINATIONS: usize = 12;
 
 const STYLE: &str = "
 body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}
@@ -135,7 +140,10 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                             @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
                             span .unresolved { (unresolved) } " of " (s.entries) " indexed"
                             @if !s.caught_up { " (still reading the stream…)" } br;
-                            @for (reason, n) in &s.unresolved.by_reason { (reason) ": " (n) br; }
+                            @for (reason, n) in &s.unresolved.by_reason {
+                                a .reason-link href={ "/ladders/" (l.name) "/parked?reason=" (reason) } { (reason) }
+                                ": " (n) br;
+                            }
                         }
                         a .parked-link href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }
                     }
@@ -209,6 +217,19 @@ pub(crate) async fn list(
         format!("/ladders/{ladder}/parked?{}", query_string(all))
     };
     let action_link = |action: &str| format!("/ladders/{ladder}/matching/{action}?{}", query_string(filters.clone()));
+    // the same filter narrowed to one reason or destination
+    let narrowed = |key: &str, value: &str| {
+        let mut all: Vec<(&str, &str)> = filters.iter().filter(|(k, _)| *k != key).copied().collect();
+        all.push((key, value));
+        format!("/ladders/{ladder}/parked?{}", query_string(all))
+    };
+    // Grouped counts come from the index alone; a header or body search would read its
+    // candidates a second time for them, so it goes without.
+    let breakdown = if q.filter.needs_records() || found.total == 0 {
+        None
+    } else {
+        state.desk.counts(&ladder, &q.filter, q.include_resolved).await.ok()
+    };
     let PageRequest { offset, limit } = q.page;
     let body = html! {
         (filter_form(&ladder, &pairs))
@@ -219,6 +240,27 @@ pub(crate) async fn list(
             @if found.total > 0 && !q.filter.is_empty() {
                 a #replay-matching href=(action_link("replay")) { "Replay all matching" } " · "
                 a #discard-matching href=(action_link("discard")) { "Discard all matching" }
+            }
+        }
+        @if let Some(c) = &breakdown {
+            p #breakdown {
+                "By reason: "
+                @for (i, (reason, n)) in c.by_reason.iter().enumerate() {
+                    @if i > 0 { " · " }
+                    a .by-reason href=(narrowed("reason", reason)) { (reason) } " (" (n) ")"
+                }
+                br;
+                "By destination: "
+                @for (i, (destination, n)) in c.by_destination.iter().take(BREAKDOWN_DESTINATIONS).enumerate() {
+                    @if i > 0 { " · " }
+                    @if destination == "-" { "none" } @else {
+                        a .by-destination href=(narrowed("destination", destination)) { (destination) }
+                    }
+                    " (" (n) ")"
+                }
+                @if c.by_destination.len() > BREAKDOWN_DESTINATIONS {
+                    " · and " (c.by_destination.len() - BREAKDOWN_DESTINATIONS) " more"
+                }
             }
         }
         table #entries {

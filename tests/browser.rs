@@ -377,6 +377,16 @@ async fn an_operator_filters_the_parking_lot_and_replays_one_entry_in_the_browse
     // the listing reads an index that follows the parked stream from the admin server's start,
     // a round trip behind it: an operator who opens the page at once may need to reload
     browser.reload_until_text("span#total", &parked.len().to_string()).await;
+    // counted per reason and destination, each a link that narrows the filter
+    let breakdown = browser.text("p#breakdown").await;
+    let invoices_count = parked.len() - to_orders.len();
+    for expected in [
+        format!("max-attempts ({})", parked.len()),
+        format!("{orders} ({})", to_orders.len()),
+        format!("{invoices} ({invoices_count})"),
+    ] {
+        assert!(breakdown.contains(&expected), "{expected:?} in {breakdown:?}");
+    }
 
     // filter by one destination, as an operator types it
     let destination = browser.find("form#filters input[name=destination]").await;

@@ -700,6 +700,23 @@ async fn the_cli_lists_as_json_and_dry_runs_a_replay() {
         "{text_out}"
     );
 
+    let counts = json_of(&cli(&config, &["parked", "counts", "--json"]).await);
+    assert_eq!(counts["total"], 12);
+    assert_eq!(counts["by_reason"], serde_json::json!([["max-attempts", 12]]));
+    assert_eq!(counts["by_destination"], serde_json::json!([[a.as_str(), 12]]));
+    // a header condition is checked on the records
+    let t1 = json_of(&cli(&config, &["parked", "counts", "--json", "--header", "tenant=t1"]).await);
+    assert_eq!(t1["total"], 3);
+    assert_eq!(t1["by_reason"], serde_json::json!([["max-attempts", 3]]));
+    let table = cli(&config, &["parked", "counts"]).await;
+    let text_out = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text_out.starts_with("REASON")
+            && text_out.contains("max-attempts")
+            && text_out.contains("12 unresolved entries"),
+        "{text_out}"
+    );
+
     let offset = entries[0]["offset"].as_u64().unwrap().to_string();
     let shown = cli(&config, &["parked", "show", &offset]).await;
     let shown = String::from_utf8_lossy(&shown.stdout);

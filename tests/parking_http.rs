@@ -84,6 +84,17 @@ impl Api {
         (r.status().as_u16(), r.json().await.expect("a JSON answer"))
     }
 
+    async fn counts(&self, query: &[(&str, &str)]) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}/counts", self.base))
+            .query(query)
+            .send()
+            .await
+            .expect("GET answered");
+        (r.status().as_u16(), r.json().await.expect("a JSON answer"))
+    }
+
     async fn total(&self, query: &[(&str, &str)]) -> u64 {
         let (status, v) = self.get(query).await;
         assert_eq!(status, 200, "{v}");
@@ -163,6 +174,31 @@ async fn the_api_searches_replays_at_a_rate_discards_and_a_restart_sees_the_same
     assert_eq!(api.total(&[("since", "1h")]).await, TOTAL as u64);
     let until = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(before - 1000));
     assert_eq!(api.total(&[("until", &until.to_string())]).await, 0);
+
+    // counted per reason and per destination, from the index or (headers) the records
+    let (status, c) = api.counts(&[]).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c["total"], TOTAL);
+    assert_eq!(
+        c["by_reason"],
+        json!([
+            ["max-attempts", TO_A + TO_B],
+            ["invalid-header", INVALID],
+            ["no-destination", NO_DESTINATION]
+        ])
+    );
+    assert_eq!(
+        c["by_destination"],
+        json!([[a, TO_A + INVALID], [b, TO_B], ["-", NO_DESTINATION]])
+    );
+    assert_eq!(c["caught_up"], true);
+    let tenant_1 = |from: usize, to: usize| (from..to).filter(|i| i % 4 == 1).count();
+    let (_, c) = api.counts(&[("header", "tenant=t1"), ("reason", "max-attempts")]).await;
+    assert_eq!(c["total"], tenant_1(0, TO_A + TO_B));
+    assert_eq!(
+        c["by_destination"],
+        json!([[a, tenant_1(0, TO_A)], [b, tenant_1(TO_A, TO_A + TO_B)]])
+    );
 
     // newest first, paged; one entry in full
     let (_, first) = api.get(&[("limit", "10")]).await;
