@@ -14,8 +14,8 @@
 //! run. It never stops or restarts the broker; everything it declares is deleted at the end.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -327,43 +327,20 @@ fn run_cli(ladder_bin: &Path, config: &Path, args: &[String]) -> Result<(Duratio
     Ok((took, peak, json))
 }
 
-/// One HTTP/1.1 request to the service's admin server on loopback; returns status and body.
-/// The admin API answers with a Content-Length and closes on `Connection: close`.
-fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    let body = body.unwrap_or("");
-    let auth = if method == "POST" {
-        format!("Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n")
-    } else {
-        String::new()
-    };
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut answer = Vec::new();
-    s.read_to_end(&mut answer)?;
-    let text = String::from_utf8_lossy(&answer);
-    let (head, rest) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("{path}: no HTTP answer"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| anyhow!("{path}: bad status line"))?;
-    Ok((status, rest.to_string()))
+/// An HTTP request to the service's admin server on loopback: its status and JSON answer.
+async fn call(request: reqwest::RequestBuilder) -> Result<(u16, Value)> {
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    Ok((status, response.json().await?))
 }
 
 /// GET `path` as JSON, expecting 200.
-fn get_json(port: u16, path: &str) -> Result<Value> {
-    let (status, body) = http(port, "GET", path, None)?;
+async fn get_json(http: &reqwest::Client, port: u16, path: &str) -> Result<Value> {
+    let (status, body) = call(http.get(format!("http://127.0.0.1:{port}{path}"))).await?;
     if status != 200 {
         bail!("GET {path}: {status} {body}");
     }
-    Ok(serde_json::from_str(&body)?)
+    Ok(body)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -377,15 +354,20 @@ fn total_of(v: &Value) -> Result<u64> {
 
 /// Starts `ladder run` on `config` and waits until its admin server says the lot's index has
 /// caught up; returns the child and the time that took.
-async fn start_service(ladder_bin: &Path, config: &Path, port: u16, log: &Path) -> Result<(Child, Duration)> {
+async fn start_service(
+    http: &reqwest::Client,
+    ladder_bin: &Path,
+    config: &Path,
+    port: u16,
+    log: &Path,
+) -> Result<(Child, Duration)> {
     let started = Instant::now();
     let args = vec!["--config".to_string(), config.display().to_string(), "run".to_string()];
     let mut child = Child::spawn("ladder run", ladder_bin, &args, &[("RUST_LOG", "warn")], log, false)?;
     let path = format!("/api/ladders/{LADDER}/parked?limit=1");
     loop {
         child.stat().context("the ladder service stopped (see its log)")?;
-        let answer = tokio::task::block_in_place(|| get_json(port, &path));
-        if let Ok(v) = answer
+        if let Ok(v) = get_json(http, port, &path).await
             && v["caught_up"].as_bool() == Some(true)
         {
             return Ok((child, started.elapsed()));
@@ -541,14 +523,15 @@ pub async fn measure(
     }
 
     // The service over an empty lot, then over the full one: what the index costs.
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     {
-        let (mut empty, _) = start_service(ladder_bin, &empty_config, port, &work.join("empty.log")).await?;
+        let (mut empty, _) = start_service(&http, ladder_bin, &empty_config, port, &work.join("empty.log")).await?;
         // let the runtime settle (first poll, first scrape of nothing)
         tokio::time::sleep(Duration::from_secs(2)).await;
         out.service_empty_rss_kb = empty.stat()?.rss_kb;
         empty.stop(Duration::from_secs(15));
     }
-    let (mut service, took) = start_service(ladder_bin, &config, port, &work.join("full.log")).await?;
+    let (mut service, took) = start_service(&http, ladder_bin, &config, port, &work.join("full.log")).await?;
     out.service_catch_up_s = took.as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     out.service_full_rss_kb = service.stat()?.rss_kb;
@@ -583,7 +566,7 @@ pub async fn measure(
         let mut total = 0;
         for _ in 0..requests {
             let t = Instant::now();
-            let v = tokio::task::block_in_place(|| get_json(port, &path))?;
+            let v = get_json(&http, port, &path).await?;
             ms.push(t.elapsed().as_secs_f64() * 1000.0);
             total = total_of(&v)?;
             if total != expected {
@@ -593,14 +576,14 @@ pub async fn measure(
         out.http.push(http_row(format!("GET {path}"), ms, total, &ns));
     }
     // one entry in full
-    let first = get_json(port, &format!("{base}?limit=1"))?;
+    let first = get_json(&http, port, &format!("{base}?limit=1")).await?;
     let offset = first["entries"][0]["offset"]
         .as_u64()
         .ok_or_else(|| anyhow!("no entry in {first}"))?;
     let mut ms = vec![];
     for _ in 0..20 {
         let t = Instant::now();
-        let v = tokio::task::block_in_place(|| get_json(port, &format!("{base}/{offset}")))?;
+        let v = get_json(&http, port, &format!("{base}/{offset}")).await?;
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
         if v["offset"].as_u64() != Some(offset) {
             bail!("GET {base}/{offset}: another entry came back");
@@ -613,19 +596,15 @@ pub async fn measure(
     let mut ms = vec![];
     for _ in 0..3 {
         let t = Instant::now();
-        let (status, body) = tokio::task::block_in_place(|| {
-            http(
-                port,
-                "POST",
-                &format!("{base}/replay"),
-                Some(r#"{"reason": "invalid-header", "dry_run": true}"#),
-            )
-        })?;
+        let request = http
+            .post(format!("http://127.0.0.1:{port}{base}/replay"))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({"reason": "invalid-header", "dry_run": true}));
+        let (status, v) = call(request).await?;
         ms.push(t.elapsed().as_secs_f64() * 1000.0);
         if status != 200 {
-            bail!("dry-run replay: {status} {body}");
+            bail!("dry-run replay: {status} {v}");
         }
-        let v: Value = serde_json::from_str(&body)?;
         let n = v["outcomes"].as_array().map_or(0, Vec::len) as u64;
         let left = v["left_over"].as_u64().unwrap_or(0);
         if n != selected || n + left != invalid {
