@@ -264,6 +264,8 @@ impl Browser {
                 Ok(Err(e)) if e.is_stale_element_reference() => break,
                 // some chromedriver versions say this of an element from a replaced document
                 Ok(Err(e)) if e.is_no_such_element() => break,
+                // and Chromium's inspector, when the old document goes away mid-call (seen in CI)
+                Ok(Err(e)) if format!("{e:?}").contains("does not belong to the document") => break,
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => panic!("after clicking {what}: {e:?}"),
                 Err(_) => panic!("after clicking {what}: the browser did not answer within {STEP:?}"),
