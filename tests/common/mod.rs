@@ -46,10 +46,22 @@ pub fn now_ms() -> u64 {
 }
 
 pub async fn connect() -> Connection {
-    tokio::time::timeout(WAIT, Connection::connect(AMQP_URL, ConnectionProperties::default()))
+    let connection = tokio::time::timeout(WAIT, Connection::connect(AMQP_URL, ConnectionProperties::default()))
         .await
         .expect("connect timed out")
-        .expect("the test broker at 127.0.0.1:5672 accepts connections")
+        .expect("the test broker at 127.0.0.1:5672 accepts connections");
+    // A test's connection that fails says why on stderr: calls made afterwards only report the
+    // state (`InvalidConnectionState(Error)`), which does not tell a broken socket from a missed
+    // heartbeat or a protocol error. The task ends with the connection.
+    let mut events = connection.events_listener();
+    tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            if let lapin::Event::Error(e) = event {
+                eprintln!("test connection error: {e:?}");
+            }
+        }
+    });
+    connection
 }
 
 /// An `extra_main` for [`write_config`] that gives the admin server an ephemeral port, for tests
