@@ -3,7 +3,8 @@
 //! every filter, shown, replayed at a measured rate with their original body, properties and
 //! headers, resolved (a second listing and a second replay skip them), discarded, refused when
 //! the target is not allowed or does not exist, and parked again with their lineage after a
-//! replayed message fails again. Also the `ladder parked` CLI (`list --json`, `replay --dry-run`).
+//! replayed message fails again. Also the `ladder parked` CLI (`list --json`, `counts`,
+//! `replay --dry-run`), and a narrow header search over thousands of records.
 
 mod common;
 
@@ -883,4 +884,107 @@ async fn arrived_until(consumer: &mut lapin::Consumer, count: usize) -> Vec<Stri
         d.ack(lapin::options::BasicAckOptions::default()).await.unwrap();
     }
     ids
+}
+
+/// Parks `n` records straight into the lot's stream, in the service's record format (reason
+/// `max-attempts`, header `tenant` = `tenant(i)`, message id `m-<i>`), confirming in batches:
+/// thousands in about a second, which parking through the service would not allow.
+async fn park_records(t: &TestLadder, n: usize, destination: &str, tenant: impl Fn(usize) -> &'static str) {
+    use lapin::Confirmation;
+    use lapin::options::BasicPublishOptions;
+
+    let stream = t.parked_stream();
+    let indices: Vec<usize> = (0..n).collect();
+    for batch in indices.chunks(500) {
+        let mut confirms = Vec::with_capacity(batch.len());
+        for &i in batch {
+            let mut headers = FieldTable::default();
+            headers.insert("tenant".into(), text(tenant(i)));
+            let original = BasicProperties::default()
+                .with_message_id(format!("m-{i}").into())
+                .with_headers(headers);
+            let envelope = Envelope {
+                format: ladder::envelope::FORMAT.into(),
+                reason: "max-attempts".into(),
+                detail: String::new(),
+                ladder: t.ladder.clone(),
+                destination: Some(destination.to_string()),
+                attempts: Some(1),
+                first_failed_at_ms: None,
+                history: vec![],
+                replayed_from: None,
+                parked_at_ms: now_ms(),
+                hop: "due".into(),
+                message: ladder::envelope::OriginalMessage::capture("", destination, &original, b"{}"),
+            };
+            let record = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_type(ladder::envelope::FORMAT.into());
+            let body = serde_json::to_vec(&envelope).unwrap();
+            let options = BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            };
+            let publish = t
+                .channel
+                .basic_publish("".into(), stream.as_str().into(), options, &body, record);
+            confirms.push(tokio::time::timeout(WAIT, publish).await.unwrap().unwrap());
+        }
+        for confirm in confirms {
+            let confirmation = tokio::time::timeout(WAIT, confirm).await.unwrap().unwrap();
+            assert_eq!(confirmation, Confirmation::Ack(None));
+        }
+    }
+}
+
+/// A header search whose matches lie thousands of records apart reads them in separate runs
+/// (`parking::FETCH_RUN_GAP`), after the index's header digest has ruled out the rest: the
+/// path a narrow search of a large lot takes, which a lot of a few hundred never reaches.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_narrow_header_search_reads_matches_far_apart_and_misses_none() {
+    const N: usize = 7000;
+    const RARE: [usize; 3] = [5, 3500, 6990];
+    let mut t = TestLadder::start("park-sparse", ONE_TIER).await;
+    let a = t.queue_name("a");
+    park_records(&t, N, &a, |i| if RARE.contains(&i) { "rare" } else { "common" }).await;
+    let lot = t.lot();
+    assert!(
+        RARE.windows(2).all(|w| (w[1] - w[0]) as u64 > parking::FETCH_RUN_GAP),
+        "the matches must lie further apart than one run"
+    );
+
+    let rare = Filter {
+        headers: vec![("tenant".into(), "rare".into())],
+        ..Filter::default()
+    };
+    let index = fresh(&lot, &rare).await;
+    assert_eq!(index.read().len(), N);
+    let candidates = index.read().candidates(&rare, false);
+    assert!(
+        candidates.len() < N / 10,
+        "the digest leaves {} of {N} to read",
+        candidates.len()
+    );
+    let found = lot.list(&index, &rare, page(10), false).await.unwrap();
+    assert_eq!(found.total, RARE.len() as u64);
+    let ids: Vec<&str> = found
+        .entries
+        .iter()
+        .map(|e| e.envelope.message.properties["message_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["m-6990", "m-3500", "m-5"], "newest first");
+    let counts = lot.counts(&index, &rare, false).await.unwrap();
+    assert_eq!(counts.total, RARE.len() as u64);
+    assert_eq!(counts.by_destination, vec![(a.clone(), RARE.len() as u64)]);
+
+    // a value nearly every entry holds: the digest lets (almost) all through, one long run reads
+    // them, and the exact check keeps the rest
+    let common = Filter {
+        headers: vec![("tenant".into(), "common".into())],
+        ..Filter::default()
+    };
+    assert_eq!(
+        lot.counts(&index, &common, false).await.unwrap().total,
+        (N - RARE.len()) as u64
+    );
 }
