@@ -24,7 +24,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use ladder::envelope::{Envelope, FORMAT, OriginalMessage};
 use ladder::topology::{self, Declaration, Names};
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection};
 use serde::Serialize;
@@ -269,6 +269,14 @@ async fn raw_read(conn: &Connection, stream: &str, n: u64) -> Result<Duration> {
         }
     }
     let took = started.elapsed();
+    // cancel before closing: lapin's cancel-on-drop racing a channel close can fail the
+    // connection (see `ladder::parking`)
+    let _ = bounded(
+        "cancel",
+        OP_TIMEOUT,
+        ch.basic_cancel(consumer.tag(), BasicCancelOptions::default()),
+    )
+    .await;
     let _ = bounded("close channel", OP_TIMEOUT, ch.close(200, "read".into())).await;
     Ok(took)
 }

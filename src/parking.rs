@@ -25,8 +25,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
@@ -630,22 +630,29 @@ impl<'a> ParkingLot<'a> {
     /// it comes, so `index` trails the stream by one round trip.
     pub async fn follow(&self, index: &SharedIndex, stop: &CancellationToken) -> Result<(), ParkingError> {
         let channel = bounded("opening a channel", self.connection.create_channel()).await?;
-        let result = self.follow_on(&channel, index, stop).await;
+        let start = match index.read().next_offset() {
+            Some(next) => Start::Offset(next),
+            None => Start::First,
+        };
+        let result = match self.subscribe(&channel, start.argument()).await {
+            Ok(mut consumer) => {
+                let result = self.follow_on(&mut consumer, start, index, stop).await;
+                cancel(&channel, &consumer).await;
+                result
+            }
+            Err(e) => Err(e),
+        };
         let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "stopped following".into())).await;
         result
     }
 
     async fn follow_on(
         &self,
-        channel: &Channel,
+        consumer: &mut lapin::Consumer,
+        start: Start,
         index: &SharedIndex,
         stop: &CancellationToken,
     ) -> Result<(), ParkingError> {
-        let start = match index.read().next_offset() {
-            Some(next) => Start::Offset(next),
-            None => Start::First,
-        };
-        let mut consumer = self.subscribe(channel, start.argument()).await?;
         let mut unacked = 0u64;
         loop {
             let delivery = tokio::select! {
@@ -1038,21 +1045,26 @@ impl<'a> ParkingLot<'a> {
     /// of the last chunk (a consumer from `last` starts at the last chunk's first record).
     pub async fn end(&self) -> Result<Option<u64>, ParkingError> {
         let channel = bounded("opening a channel", self.connection.create_channel()).await?;
-        let result = async {
-            let mut consumer = self
-                .subscribe(&channel, AMQPValue::LongString(LongString::from("last")))
-                .await?;
-            let mut end = None;
-            let mut wait = SCAN_FIRST_RECORD;
-            while let Ok(Some(delivery)) = tokio::time::timeout(wait, consumer.next()).await {
-                let delivery = delivery?;
-                wait = LAST_CHUNK_GAP;
-                bounded("acknowledging", delivery.acker.ack(BasicAckOptions { multiple: true })).await?;
-                end = end.max(stream_offset(delivery.properties.headers()));
+        let last = AMQPValue::LongString(LongString::from("last"));
+        let result = match self.subscribe(&channel, last).await {
+            Ok(mut consumer) => {
+                let result = async {
+                    let mut end = None;
+                    let mut wait = SCAN_FIRST_RECORD;
+                    while let Ok(Some(delivery)) = tokio::time::timeout(wait, consumer.next()).await {
+                        let delivery = delivery?;
+                        wait = LAST_CHUNK_GAP;
+                        bounded("acknowledging", delivery.acker.ack(BasicAckOptions { multiple: true })).await?;
+                        end = end.max(stream_offset(delivery.properties.headers()));
+                    }
+                    Ok(end)
+                }
+                .await;
+                cancel(&channel, &consumer).await;
+                result
             }
-            Ok(end)
-        }
-        .await;
+            Err(e) => Err(e),
+        };
         let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "found the end".into())).await;
         result
     }
@@ -1071,7 +1083,14 @@ impl<'a> ParkingLot<'a> {
             return Ok(());
         }
         let channel = bounded("opening a channel", self.connection.create_channel()).await?;
-        let result = self.scan_on(&channel, from, end, &mut visit).await;
+        let result = match self.subscribe(&channel, from.argument()).await {
+            Ok(mut consumer) => {
+                let result = self.scan_on(&channel, &mut consumer, from, end, &mut visit).await;
+                cancel(&channel, &consumer).await;
+                result
+            }
+            Err(e) => Err(e),
+        };
         let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "scanned".into())).await;
         result
     }
@@ -1099,11 +1118,11 @@ impl<'a> ParkingLot<'a> {
     async fn scan_on(
         &self,
         channel: &Channel,
+        consumer: &mut lapin::Consumer,
         from: Start,
         end: Stop,
         visit: &mut impl FnMut(u64, Option<&str>, &[u8]),
     ) -> Result<(), ParkingError> {
-        let mut consumer = self.subscribe(channel, from.argument()).await?;
         let mut unacked = 0u64;
         let last_tag;
         let mut received = false;
@@ -1164,6 +1183,19 @@ impl<'a> ParkingLot<'a> {
         }
         Ok(())
     }
+}
+
+/// Cancels `consumer` and waits for the broker's answer, before its channel is closed. Dropping
+/// a lapin `Consumer` sends its cancel from a background task; when that task runs after a
+/// `channel.close` began, lapin 4.12 fails the whole connection ("invalid channel state:
+/// Closing (basic.cancel)") — seen here as a CLI exiting with `invalid connection state` in
+/// about one test run in 25. Cancelled first, the consumer leaves its drop nothing to send.
+async fn cancel(channel: &Channel, consumer: &lapin::Consumer) {
+    let _ = tokio::time::timeout(
+        BROKER_TIMEOUT,
+        channel.basic_cancel(consumer.tag(), BasicCancelOptions::default()),
+    )
+    .await;
 }
 
 fn stream_offset(headers: &Option<FieldTable>) -> Option<u64> {
