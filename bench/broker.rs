@@ -83,6 +83,18 @@ impl Registry {
         }
     }
 
+    /// Remembers every queue and exchange of a topology plan.
+    pub fn plan(&self, plan: &[ladder::topology::Declaration]) {
+        use ladder::topology::Declaration;
+        for d in plan {
+            match d {
+                Declaration::Queue { name, .. } => self.queue(name),
+                Declaration::Exchange { name, .. } => self.exchange(name),
+                Declaration::Binding { .. } => {}
+            }
+        }
+    }
+
     /// Every name remembered.
     pub fn snapshot(&self) -> Vec<String> {
         let g = self.inner.lock().unwrap();

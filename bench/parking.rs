@@ -18,19 +18,20 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use ladder::envelope::{Envelope, FORMAT, OriginalMessage};
-use ladder::topology::{self, Declaration, Names};
+use ladder::topology::{self, Names};
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::broker::{self, Msg, OP_TIMEOUT, Registry, bounded};
+use crate::broker::{self, Msg, OP_TIMEOUT, Registry, bounded, text};
+use crate::now_ms;
 use crate::procs::{self, Child};
 
 /// The ladder whose lot is filled.
@@ -129,24 +130,14 @@ fn tenant_of(i: u64) -> String {
     format!("t{}", i % TENANTS)
 }
 
-fn long(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The stream record the service would have written for entry `i`, parked at `parked_at_ms`.
 fn record(ns: &str, i: u64, parked_at_ms: u64) -> Msg {
     let destination = destination_of(ns, i);
     let reason = reason_of(i);
     let mut headers = FieldTable::default();
-    headers.insert("tenant".into(), long(&tenant_of(i)));
-    headers.insert("retry-to".into(), long(&destination));
-    headers.insert("retry-reason".into(), long("upstream answered 503"));
+    headers.insert("tenant".into(), text(&tenant_of(i)));
+    headers.insert("retry-to".into(), text(&destination));
+    headers.insert("retry-reason".into(), text("upstream answered 503"));
     let original = BasicProperties::default()
         .with_delivery_mode(2)
         .with_content_type("application/json".into())
@@ -173,9 +164,9 @@ fn record(ns: &str, i: u64, parked_at_ms: u64) -> Msg {
         message: OriginalMessage::capture("", &destination, &original, body.as_bytes()),
     };
     let mut headers = FieldTable::default();
-    headers.insert("parked-reason".into(), long(reason));
-    headers.insert("parked-ladder".into(), long(LADDER));
-    headers.insert("parked-destination".into(), long(&destination));
+    headers.insert("parked-reason".into(), text(reason));
+    headers.insert("parked-ladder".into(), text(LADDER));
+    headers.insert("parked-destination".into(), text(&destination));
     Msg {
         exchange: String::new(),
         routing_key: Names::new(ns, LADDER).parked,
@@ -218,13 +209,7 @@ fn write_config(dir: &Path, ns: &str, url: &str, port: u16) -> Result<PathBuf> {
 async fn declare(conn: &Connection, registry: &Registry, path: &Path) -> Result<()> {
     let config = ladder::config::load(path, &HashMap::new()).map_err(|e| anyhow!("{e}"))?;
     let plan = topology::plan(&config);
-    for d in &plan {
-        match d {
-            Declaration::Queue { name, .. } => registry.queue(name),
-            Declaration::Exchange { name, .. } => registry.exchange(name),
-            Declaration::Binding { .. } => {}
-        }
-    }
+    registry.plan(&plan);
     let ch = bounded("open channel", OP_TIMEOUT, conn.create_channel()).await?;
     bounded("declare the topology", OP_TIMEOUT, topology::apply(&ch, &plan)).await?;
     let _ = ch.close(200, "declared".into()).await;
@@ -237,7 +222,7 @@ async fn raw_read(conn: &Connection, stream: &str, n: u64) -> Result<Duration> {
     let ch = bounded("open channel", OP_TIMEOUT, conn.create_channel()).await?;
     bounded("qos", OP_TIMEOUT, ch.basic_qos(1000, BasicQosOptions::default())).await?;
     let mut args = FieldTable::default();
-    args.insert("x-stream-offset".into(), long("first"));
+    args.insert("x-stream-offset".into(), text("first"));
     let started = Instant::now();
     let mut consumer = bounded(
         "consume the stream",

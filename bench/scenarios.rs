@@ -19,7 +19,7 @@ use crate::broker::{
 };
 use crate::procs::{self, Child, ProcStat};
 use crate::stats::{Capacity, InProcess, Million, Mix, MixStream, Step, pcts};
-use ladder::topology::{self, Declaration, Names};
+use ladder::topology::{self, Names};
 
 /// A tier configuration under test.
 #[derive(Debug, Clone, Copy)]
@@ -316,13 +316,7 @@ impl Bench {
     }
 
     fn register_plan(&self, config: &ladder::config::Config) {
-        for d in topology::plan(config) {
-            match d {
-                Declaration::Queue { name, .. } => self.registry.queue(&name),
-                Declaration::Exchange { name, .. } => self.registry.exchange(&name),
-                Declaration::Binding { .. } => {}
-            }
-        }
+        self.registry.plan(&topology::plan(config));
     }
 
     async fn start_processes(&mut self) -> Result<()> {
