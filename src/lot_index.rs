@@ -305,7 +305,7 @@ impl Tally {
     }
 }
 
-fn largest_first(counts: HashMap<String, u64>) -> Vec<(String, u64)> {
+fn largest_first(counts: impl IntoIterator<Item = (String, u64)>) -> Vec<(String, u64)> {
     let mut out: Vec<(String, u64)> = counts.into_iter().collect();
     out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     out
@@ -502,8 +502,8 @@ impl LotIndex {
     }
 
     /// Entries matching the indexed part of `filter` (all of it unless
-    /// [`Filter::needs_records`], and for headers only maybe): the total, and the offsets of `limit` of them after skipping
-    /// the `skip` newest.
+    /// [`Filter::needs_records`]; for headers, rows that may match): the total, and the offsets
+    /// of `limit` of them after skipping the `skip` newest.
     pub fn page(&self, filter: &Filter, include_resolved: bool, skip: usize, limit: usize) -> OffsetPage {
         let Some(matches) = self.predicate(filter, include_resolved) else {
             return OffsetPage {
@@ -549,8 +549,7 @@ impl LotIndex {
             largest_first(
                 counts
                     .into_iter()
-                    .map(|(id, n)| (interner.name(id).unwrap_or("-").to_string(), n))
-                    .collect(),
+                    .map(|(id, n)| (interner.name(id).unwrap_or("-").to_string(), n)),
             )
         };
         Counts {

@@ -629,21 +629,14 @@ impl<'a> ParkingLot<'a> {
     /// until `stop`, or an error the caller retries after a pause. Each delivery is applied as
     /// it comes, so `index` trails the stream by one round trip.
     pub async fn follow(&self, index: &SharedIndex, stop: &CancellationToken) -> Result<(), ParkingError> {
-        let channel = bounded("opening a channel", self.connection.create_channel()).await?;
         let start = match index.read().next_offset() {
             Some(next) => Start::Offset(next),
             None => Start::First,
         };
-        let result = match self.subscribe(&channel, start.argument()).await {
-            Ok(mut consumer) => {
-                let result = self.follow_on(&mut consumer, start, index, stop).await;
-                cancel(&channel, &consumer).await;
-                result
-            }
-            Err(e) => Err(e),
-        };
-        let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "stopped following".into())).await;
-        result
+        self.reading(start.argument(), async |_, consumer| {
+            self.follow_on(consumer, start, index, stop).await
+        })
+        .await
     }
 
     async fn follow_on(
@@ -1044,29 +1037,19 @@ impl<'a> ParkingLot<'a> {
     /// The offset of the stream's last record now, or `None` if it is empty: the highest offset
     /// of the last chunk (a consumer from `last` starts at the last chunk's first record).
     pub async fn end(&self) -> Result<Option<u64>, ParkingError> {
-        let channel = bounded("opening a channel", self.connection.create_channel()).await?;
         let last = AMQPValue::LongString(LongString::from("last"));
-        let result = match self.subscribe(&channel, last).await {
-            Ok(mut consumer) => {
-                let result = async {
-                    let mut end = None;
-                    let mut wait = SCAN_FIRST_RECORD;
-                    while let Ok(Some(delivery)) = tokio::time::timeout(wait, consumer.next()).await {
-                        let delivery = delivery?;
-                        wait = LAST_CHUNK_GAP;
-                        bounded("acknowledging", delivery.acker.ack(BasicAckOptions { multiple: true })).await?;
-                        end = end.max(stream_offset(delivery.properties.headers()));
-                    }
-                    Ok(end)
-                }
-                .await;
-                cancel(&channel, &consumer).await;
-                result
+        self.reading(last, async |_, consumer| {
+            let mut end = None;
+            let mut wait = SCAN_FIRST_RECORD;
+            while let Ok(Some(delivery)) = tokio::time::timeout(wait, consumer.next()).await {
+                let delivery = delivery?;
+                wait = LAST_CHUNK_GAP;
+                bounded("acknowledging", delivery.acker.ack(BasicAckOptions { multiple: true })).await?;
+                end = end.max(stream_offset(delivery.properties.headers()));
             }
-            Err(e) => Err(e),
-        };
-        let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "found the end".into())).await;
-        result
+            Ok(end)
+        })
+        .await
     }
 
     /// Reads the stream from `from` to `end` (inclusive; `None`: the stream is empty), handing
@@ -1082,16 +1065,30 @@ impl<'a> ParkingLot<'a> {
         if matches!((from, &end), (Start::Offset(from), Stop::At(end)) if from > *end) {
             return Ok(());
         }
+        self.reading(from.argument(), async |channel, consumer| {
+            self.scan_on(channel, consumer, from, end, &mut visit).await
+        })
+        .await
+    }
+
+    /// Reads the parking lot on a channel of its own: subscribes from `start`, hands the
+    /// consumer to `read`, then cancels it and closes the channel, in that order (see
+    /// [`cancel`]), whatever `read` returned.
+    async fn reading<T>(
+        &self,
+        start: AMQPValue,
+        read: impl AsyncFnOnce(&Channel, &mut lapin::Consumer) -> Result<T, ParkingError>,
+    ) -> Result<T, ParkingError> {
         let channel = bounded("opening a channel", self.connection.create_channel()).await?;
-        let result = match self.subscribe(&channel, from.argument()).await {
+        let result = match self.subscribe(&channel, start).await {
             Ok(mut consumer) => {
-                let result = self.scan_on(&channel, &mut consumer, from, end, &mut visit).await;
+                let result = read(&channel, &mut consumer).await;
                 cancel(&channel, &consumer).await;
                 result
             }
             Err(e) => Err(e),
         };
-        let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "scanned".into())).await;
+        let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "read".into())).await;
         result
     }
 
