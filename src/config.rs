@@ -12,11 +12,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use lapin::uri::AMQPUri;
 use regex::RegexSet;
 use serde::Deserialize;
 
-use crate::ladder::{DeadLetterStrategy, LadderSpec, QueueType};
+use crate::model::ladder::{DeadLetterStrategy, Jitter, LadderSpec, QueueType, Senders, Unidentified};
 
 /// Largest TTL RabbitMQ accepts for `x-message-ttl` (2^32 - 1 ms, about 49.7 days).
 const MAX_TIER_MS: u128 = u32::MAX as u128;
@@ -47,6 +46,44 @@ const MIN_TOKEN_CHARS: usize = 16;
 
 /// Prefix of the environment variables that override config keys (`LADDER_AMQP__URL`).
 pub const ENV_PREFIX: &str = "LADDER";
+
+/// The keys a `LADDER_<KEY>` variable overrides (`__` between levels, any case). Any other
+/// `LADDER_*` variable is ignored, not an error: Kubernetes sets `LADDER_PORT`,
+/// `LADDER_SERVICE_HOST` … in every pod of a namespace with a Service named `ladder`, and tools
+/// have variables of their own. `admin.tokens.<name>` takes any name.
+const ENV_KEYS: [&str; 22] = [
+    "namespace",
+    "ladders_dir",
+    "prefetch",
+    "max_in_flight_per_destination",
+    "max_header_bytes",
+    "max_reason_bytes",
+    "shutdown_grace",
+    "amqp__url",
+    "amqp__urls",
+    "amqp__url_file",
+    "amqp__urls_file",
+    "amqp__tls__ca_file",
+    "amqp__tls__cert_file",
+    "amqp__tls__key_file",
+    "amqp__tls__server_name",
+    "amqp__connection_name",
+    "amqp__reconnect_min",
+    "amqp__reconnect_max",
+    "admin__bind",
+    "admin__poll_interval",
+    "admin__tokens_dir",
+    "admin__allowed_hosts",
+];
+
+/// Whether `LADDER_<rest>` overrides a config key.
+fn is_config_variable(rest: &str) -> bool {
+    let key = rest.to_ascii_lowercase();
+    ENV_KEYS.contains(&key.as_str())
+        || ["admin__tokens__", "admin__token_files__"]
+            .iter()
+            .any(|prefix| key.strip_prefix(prefix).is_some_and(|name| !name.is_empty()))
+}
 
 /// A config problem, located precisely enough for a platform team to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -109,26 +146,28 @@ impl fmt::Debug for SecretUri {
 /// Broker connection settings.
 #[derive(Debug, Clone)]
 pub struct AmqpConfig {
-    /// Where the broker is; secret.
-    pub url: SecretUri,
+    /// The broker's nodes (one for a single broker); secrets. The service connects to the
+    /// first that answers, and after a lost connection tries the next one at once.
+    pub urls: Vec<SecretUri>,
     /// Shown in the management UI's connection list.
     pub connection_name: String,
-    /// First delay before reconnecting after a lost connection.
+    /// First delay before reconnecting after a lost connection (every node tried once).
     pub reconnect_min: Duration,
-    /// The reconnect delay doubles up to this.
+    /// The reconnect delay doubles up to this, jittered.
     pub reconnect_max: Duration,
+    /// Certificates for `amqps://` brokers (`amqp.tls`); `None`: the platform's CA roots and
+    /// no client certificate.
+    pub tls: Option<ladder_amqp::TlsOptions>,
 }
 
-/// The bounds that keep the service's memory and the broker's channels finite.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Unacked deliveries per consumer; also bounds the publishes in flight per consumer.
-    pub prefetch: u16,
-    /// Encoded size above which a message's headers are parked with `header-too-large`.
-    pub max_header_bytes: usize,
-    /// `retry-reason` is truncated to this many bytes.
-    pub max_reason_bytes: usize,
+impl AmqpConfig {
+    /// The nodes with their passwords masked, for logs: `amqp://u:***@a:5672/%2f, …`.
+    pub fn brokers(&self) -> String {
+        self.urls.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    }
 }
+
+pub use crate::model::ladder::Limits;
 
 /// The admin HTTP server and the depth poller that feeds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +178,45 @@ pub struct AdminConfig {
     pub poll_interval: Duration,
     /// Who may replay and discard over HTTP, by name; none configured means nobody may.
     pub tokens: Vec<OperatorToken>,
+    /// Host names (lowercase, without port) the server answers besides the loopback names and
+    /// IP addresses; `["*"]` answers any (see [`AdminConfig::allows_host`]).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// The names that always reach a loopback-bound admin server.
+const LOOPBACK_NAMES: [&str; 3] = ["localhost", "localhost.", "ip6-localhost"];
+
+impl AdminConfig {
+    /// Whether a request with this `Host` header value may be answered: an IP address (a
+    /// DNS-rebinding page can only reach the server under a name it controls), a loopback name,
+    /// or a name in `admin.allowed_hosts`. The port is not compared.
+    pub fn allows_host(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            // [::1]:9464
+            Some(rest) => {
+                return rest
+                    .split(']')
+                    .next()
+                    .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok());
+            }
+            None => host.rsplit_once(':').map_or(host, |(name, port)| {
+                if port.bytes().all(|b| b.is_ascii_digit()) {
+                    name
+                } else {
+                    host
+                }
+            }),
+        };
+        if name.parse::<std::net::IpAddr>().is_ok() {
+            return true;
+        }
+        let name = name.to_ascii_lowercase();
+        LOOPBACK_NAMES.contains(&name.as_str())
+            || self
+                .allowed_hosts
+                .iter()
+                .any(|allowed| allowed == "*" || *allowed == name)
+    }
 }
 
 /// A named token that allows replay and discard over HTTP; the name is who asked, in the log
@@ -188,6 +266,7 @@ struct RawConfig {
     namespace: Option<String>,
     ladders_dir: Option<PathBuf>,
     prefetch: Option<u32>,
+    max_in_flight_per_destination: Option<u32>,
     max_header_bytes: Option<usize>,
     max_reason_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde")]
@@ -198,11 +277,33 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawAmqp {
     url: Option<String>,
+    urls: Option<RawUrls>,
     connection_name: Option<String>,
     #[serde(default, with = "humantime_serde")]
     reconnect_min: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     reconnect_max: Option<Duration>,
+    url_file: Option<PathBuf>,
+    urls_file: Option<PathBuf>,
+    tls: Option<RawTls>,
+}
+
+/// `amqp.tls`: PEM files, relative to the config file.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    server_name: Option<String>,
+}
+
+/// `amqp.urls`: a list, or one string of comma-separated URIs (as an environment variable).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawUrls {
+    Many(Vec<String>),
+    One(String),
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -213,6 +314,10 @@ struct RawAdmin {
     poll_interval: Option<Duration>,
     #[serde(default)]
     tokens: BTreeMap<String, String>,
+    tokens_dir: Option<PathBuf>,
+    #[serde(default)]
+    token_files: BTreeMap<String, PathBuf>,
+    allowed_hosts: Option<RawUrls>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,8 +326,13 @@ struct RawLadder {
     backoff: Vec<humantime_serde::Serde<Duration>>,
     max_attempts: Option<u32>,
     allow: Option<Vec<String>>,
-    queue_type: Option<String>,
-    dead_letter_strategy: Option<String>,
+    queue_type: Option<QueueType>,
+    dead_letter_strategy: Option<DeadLetterStrategy>,
+    senders: Option<BTreeMap<String, Vec<String>>>,
+    unidentified: Option<Unidentified>,
+    exact_delays: Option<bool>,
+    jitter: Option<String>,
+    allow_exchanges: Option<Vec<String>>,
 }
 
 /// Loads and validates `file`, its ladders, and overrides from `env` (`LADDER_` keys, `__`
@@ -237,22 +347,30 @@ pub fn load(file: &Path, env: &HashMap<String, String>) -> Result<Config, Config
         .try_parsing(true)
         .source(Some(
             env.iter()
-                .filter(|(k, _)| k.starts_with(&format!("{ENV_PREFIX}_")))
+                .filter(|(k, _)| match k.strip_prefix(&format!("{ENV_PREFIX}_")) {
+                    Some(rest) if is_config_variable(rest) => true,
+                    Some(_) => {
+                        tracing::debug!(variable = %k, "not a config key; ignored");
+                        false
+                    }
+                    None => false,
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         ));
-    let raw: RawConfig = config::Config::builder()
+    let merged = config::Config::builder()
         .add_source(config::File::from(file).format(config::FileFormat::Toml))
         .add_source(env_source)
         .build()
-        .and_then(|c| c.try_deserialize())
-        .map_err(|e| {
-            let message = e.to_string();
-            ConfigError::new(file, key_in_message(&message).unwrap_or_else(|| "-".into()), message)
-        })?;
+        .map_err(|e| ConfigError::new(file, "-", e.to_string()))?;
+    let raw: RawConfig = serde_path_to_error::deserialize(merged).map_err(|e| {
+        let key = error_key(e.path(), &e.inner().to_string());
+        ConfigError::new(file, key, e.into_inner().to_string())
+    })?;
+    let raw = prefer_environment(raw, env);
 
     let base = file.parent().unwrap_or_else(|| Path::new("."));
-    let ladders_dir = base.join(raw.ladders_dir.clone().unwrap_or_else(|| "ladders".into()));
+    let ladders_dir = base.join(raw.ladders_dir.clone().unwrap_or_else(|| DEFAULT_LADDERS_DIR.into()));
     let ladders = read_ladders(&ladders_dir)?;
     validate(file, raw, ladders_dir, ladders)
 }
@@ -274,11 +392,20 @@ fn read_ladders(dir: &Path) -> Result<Vec<(String, PathBuf, RawLadder)>, ConfigE
         .map(|path| {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::new(&path, "-", format!("cannot read: {e}")))?;
-            let raw: RawLadder = toml::from_str(&text).map_err(|e| {
-                let key = key_in_message(e.message())
-                    .or_else(|| e.span().map(|span| format!("line {}", line_of(&text, span.start))))
-                    .unwrap_or_else(|| "-".into());
-                ConfigError::new(&path, key, e.message().to_string())
+            let raw: RawLadder = serde_path_to_error::deserialize(toml::Deserializer::parse(&text).map_err(|e| {
+                let line = e
+                    .span()
+                    .map_or_else(|| "-".into(), |span| format!("line {}", line_of(&text, span.start)));
+                ConfigError::new(&path, line, e.message().to_string())
+            })?)
+            .map_err(|e| {
+                let key = error_key(e.path(), e.inner().message());
+                let line = e.inner().span().map(|span| line_of(&text, span.start));
+                match (key.as_str(), line) {
+                    ("-", Some(line)) => ConfigError::new(&path, format!("line {line}"), e.inner().message()),
+                    (_, Some(line)) => ConfigError::new(&path, key, format!("{} (line {line})", e.inner().message())),
+                    (_, None) => ConfigError::new(&path, key, e.inner().message()),
+                }
             })?;
             let name = path
                 .file_stem()
@@ -289,23 +416,120 @@ fn read_ladders(dir: &Path) -> Result<Vec<(String, PathBuf, RawLadder)>, ConfigE
         .collect()
 }
 
-/// The dotted key a serde error message is about: `unknown field `x`` inside `for key `amqp``
-/// gives `amqp.x`.
-fn key_in_message(message: &str) -> Option<String> {
-    let quoted_after = |marker: &str| {
-        let start = message.find(marker)? + marker.len();
-        let end = message[start..].find('`')?;
-        Some(message[start..start + end].to_string())
-    };
-    match (quoted_after("for key `"), quoted_after("unknown field `")) {
-        (Some(parent), Some(field)) => Some(format!("{parent}.{field}")),
-        (parent, field) => field.or(parent),
+/// The dotted key a deserialization error is about: its path (`amqp.reconnect_min`,
+/// `backoff[2]`), plus the field for an unknown one (serde names it only in the message).
+fn error_key(path: &serde_path_to_error::Path, message: &str) -> String {
+    let at = path.to_string();
+    let at = (at != ".").then_some(at);
+    let unknown = message
+        .find("unknown field `")
+        .map(|start| &message[start + "unknown field `".len()..])
+        .and_then(|rest| rest.find('`').map(|end| rest[..end].to_string()));
+    match (at, unknown) {
+        (Some(parent), Some(field)) if !parent.ends_with(&field) => format!("{parent}.{field}"),
+        (Some(at), _) => at,
+        (None, Some(field)) => field,
+        (None, None) => "-".into(),
     }
+}
+
+/// When the file names the brokers one way (`amqp.url`) and the environment the other
+/// (`LADDER_AMQP__URLS`), the environment wins, as it does for every other key: a deployment
+/// sets its brokers without editing the file it ships with.
+fn prefer_environment(mut raw: RawConfig, env: &HashMap<String, String>) -> RawConfig {
+    let from_env = |key: &str| env.contains_key(&format!("{ENV_PREFIX}_AMQP__{key}"));
+    let a = &raw.amqp;
+    let given = [
+        ("URL", a.url.is_some()),
+        ("URLS", a.urls.is_some()),
+        ("URL_FILE", a.url_file.is_some()),
+        ("URLS_FILE", a.urls_file.is_some()),
+    ];
+    let set = given.iter().filter(|(_, set)| *set).count();
+    let env_set = given.iter().filter(|(key, set)| *set && from_env(key)).count();
+    if set > 1 && env_set > 0 && env_set < set {
+        let a = &mut raw.amqp;
+        if !from_env("URL") {
+            a.url = None;
+        }
+        if !from_env("URLS") {
+            a.urls = None;
+        }
+        if !from_env("URL_FILE") {
+            a.url_file = None;
+        }
+        if !from_env("URLS_FILE") {
+            a.urls_file = None;
+        }
+    }
+    raw
+}
+
+/// A secret read from `path` (relative to the config file's folder `base`), without the
+/// surrounding whitespace a file usually ends with. Errors name the file, never its content.
+fn read_secret(file: &Path, base: &Path, key: &str, path: &Path) -> Result<String, ConfigError> {
+    let full = base.join(path);
+    let text = std::fs::read_to_string(&full)
+        .map_err(|e| ConfigError::new(file, key, format!("cannot read {}: {e}", full.display())))?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(ConfigError::new(file, key, format!("{} is empty", full.display())));
+    }
+    Ok(text.to_string())
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
+
+/// The broker when the config names none: the local development broker.
+const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// The first reconnect waits up to this (jittered), after every node was tried once.
+const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(250);
+
+/// Reconnect waits double up to this: seconds, so a broker back after a restart is found within
+/// a few seconds, while a long outage costs one connection attempt per node every few seconds.
+const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// By default one destination may hold all but this share of the due hop's prefetch (a
+/// quarter): a stalled destination leaves that quarter to the others, and a healthy one that is
+/// merely busy is not throttled. With a quarter as its bound instead, a single destination at
+/// 4 000 retries/s had a tenth of its retries deferred (each a second late, and published twice
+/// more) and the service reached half the minimal relay's capacity (BENCHMARKS.md).
+const DEFAULT_RESERVED_SHARE: u32 = 4;
+
+/// The namespace when the config names none.
+const DEFAULT_NAMESPACE: &str = "ladder";
+
+/// The ladder files' folder, beside the config file, when the config names none.
+const DEFAULT_LADDERS_DIR: &str = "ladders";
+
+/// The connection name (in the management UI) when the config names none.
+const DEFAULT_CONNECTION_NAME: &str = "ladder";
+
+/// Deliveries each hop's consumer may hold unacknowledged.
+const DEFAULT_PREFETCH: u32 = 200;
+
+/// Headers larger than this (encoded) are parked as invalid: 16 KiB holds a long history.
+const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// A consumer's `retry-reason` is cut to this.
+const DEFAULT_MAX_REASON_BYTES: usize = 1024;
+
+/// How long SIGTERM waits for in-flight work.
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// What a ladder that lists its senders does with a message from none of them: it fails
+/// closed; `dead-letter` is a choice (see SECURITY.md for what it trusts).
+const DEFAULT_UNIDENTIFIED: Unidentified = Unidentified::Reject;
+/// Ladders declare the delay levels unless they say `exact_delays = false`.
+const DEFAULT_EXACT_DELAYS: bool = true;
+/// The widest `jitter`: a step may wait from half to one and a half times itself.
+const MAX_JITTER_PERCENT: f64 = 50.0;
+
+/// The tiers' queue type when a ladder names none.
+const DEFAULT_QUEUE_TYPE: QueueType = QueueType::Quorum;
 
 fn validate(
     file: &Path,
@@ -313,16 +537,58 @@ fn validate(
     ladders_dir: PathBuf,
     raw_ladders: Vec<(String, PathBuf, RawLadder)>,
 ) -> Result<Config, ConfigError> {
-    let url = raw
-        .amqp
-        .url
-        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string());
-    if let Err(e) = AMQPUri::from_str(&url) {
-        // the parser's message does not echo the URI, so no secret leaks here
-        return Err(ConfigError::new(file, "amqp.url", format!("not an AMQP URI: {e}")));
+    let base = file.parent().unwrap_or_else(|| Path::new("."));
+    let split = |list: &str| -> Vec<String> {
+        list.split([',', '\n'])
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let given: Vec<&str> = [
+        ("amqp.url", raw.amqp.url.is_some()),
+        ("amqp.urls", raw.amqp.urls.is_some()),
+        ("amqp.url_file", raw.amqp.url_file.is_some()),
+        ("amqp.urls_file", raw.amqp.urls_file.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    if let [_, second, ..] = given.as_slice() {
+        return Err(ConfigError::new(
+            file,
+            *second,
+            format!("give one of {}, not several", given.join(", ")),
+        ));
     }
-    let reconnect_min = raw.amqp.reconnect_min.unwrap_or(Duration::from_millis(250));
-    let reconnect_max = raw.amqp.reconnect_max.unwrap_or(Duration::from_secs(30));
+    let (key, urls) = match (raw.amqp.url, raw.amqp.urls, raw.amqp.url_file, raw.amqp.urls_file) {
+        (Some(url), ..) => ("amqp.url", vec![url]),
+        (_, Some(RawUrls::Many(urls)), ..) => ("amqp.urls", urls),
+        (_, Some(RawUrls::One(list)), ..) => ("amqp.urls", split(&list)),
+        (_, _, Some(path), _) => ("amqp.url_file", vec![read_secret(file, base, "amqp.url_file", &path)?]),
+        (_, _, _, Some(path)) => (
+            "amqp.urls_file",
+            split(&read_secret(file, base, "amqp.urls_file", &path)?),
+        ),
+        (None, None, None, None) => ("amqp.url", vec![DEFAULT_AMQP_URL.to_string()]),
+    };
+    if urls.is_empty() {
+        return Err(ConfigError::new(file, key, "names no broker"));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        if let Err(e) = ladder_amqp::AmqpUri::from_str(url) {
+            // the parser's message does not echo the URI, so no secret leaks here
+            let which = if urls.len() > 1 {
+                format!(" (entry {})", i + 1)
+            } else {
+                String::new()
+            };
+            return Err(ConfigError::new(file, key, format!("not an AMQP URI{which}: {e}")));
+        }
+    }
+    let tls = validate_tls(file, base, raw.amqp.tls, &urls)?;
+    let reconnect_min = raw.amqp.reconnect_min.unwrap_or(DEFAULT_RECONNECT_MIN);
+    let reconnect_max = raw.amqp.reconnect_max.unwrap_or(DEFAULT_RECONNECT_MAX);
     if reconnect_min.is_zero() || reconnect_min > reconnect_max {
         return Err(ConfigError::new(
             file,
@@ -331,14 +597,24 @@ fn validate(
         ));
     }
 
-    let namespace = raw.namespace.unwrap_or_else(|| "ladder".to_string());
+    let namespace = raw.namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
     check_namespace(&namespace).map_err(|p| ConfigError::new(file, "namespace", p))?;
 
-    let prefetch = raw.prefetch.unwrap_or(200);
+    let prefetch = raw.prefetch.unwrap_or(DEFAULT_PREFETCH);
     if !(1..=u16::MAX as u32).contains(&prefetch) {
         return Err(ConfigError::new(file, "prefetch", "must be between 1 and 65535"));
     }
-    let max_header_bytes = raw.max_header_bytes.unwrap_or(16 * 1024);
+    let per_destination = raw
+        .max_in_flight_per_destination
+        .unwrap_or((prefetch - prefetch / DEFAULT_RESERVED_SHARE).max(1));
+    if !(1..=prefetch).contains(&per_destination) {
+        return Err(ConfigError::new(
+            file,
+            "max_in_flight_per_destination",
+            "must be between 1 and prefetch",
+        ));
+    }
+    let max_header_bytes = raw.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES);
     if !(1024..=MAX_HEADER_BYTES_LIMIT).contains(&max_header_bytes) {
         return Err(ConfigError::new(
             file,
@@ -346,7 +622,7 @@ fn validate(
             format!("must be between 1024 and {MAX_HEADER_BYTES_LIMIT}"),
         ));
     }
-    let max_reason_bytes = raw.max_reason_bytes.unwrap_or(1024);
+    let max_reason_bytes = raw.max_reason_bytes.unwrap_or(DEFAULT_MAX_REASON_BYTES);
     if !(16..=max_header_bytes / 2).contains(&max_reason_bytes) {
         return Err(ConfigError::new(
             file,
@@ -355,7 +631,7 @@ fn validate(
         ));
     }
 
-    let admin = validate_admin(file, &raw.admin)?;
+    let admin = validate_admin(file, base, &raw.admin)?;
 
     let ladders = raw_ladders
         .into_iter()
@@ -365,25 +641,94 @@ fn validate(
     Ok(Config {
         file: file.to_path_buf(),
         amqp: AmqpConfig {
-            url: SecretUri::new(url),
-            connection_name: raw.amqp.connection_name.unwrap_or_else(|| "ladder".into()),
+            urls: urls.into_iter().map(SecretUri::new).collect(),
+            connection_name: raw
+                .amqp
+                .connection_name
+                .unwrap_or_else(|| DEFAULT_CONNECTION_NAME.into()),
             reconnect_min,
             reconnect_max,
+            tls,
         },
         namespace,
         ladders_dir,
         ladders,
         limits: Limits {
             prefetch: prefetch as u16,
+            max_in_flight_per_destination: per_destination as u16,
             max_header_bytes,
             max_reason_bytes,
         },
-        shutdown_grace: raw.shutdown_grace.unwrap_or(Duration::from_secs(10)),
+        shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
         admin,
     })
 }
 
-fn validate_admin(file: &Path, raw: &RawAdmin) -> Result<AdminConfig, ConfigError> {
+/// `amqp.tls`: the files must read and parse now (a bad certificate is a config error, not a
+/// reconnect loop), and only `amqps://` brokers use them.
+fn validate_tls(
+    file: &Path,
+    base: &Path,
+    raw: Option<RawTls>,
+    urls: &[String],
+) -> Result<Option<ladder_amqp::TlsOptions>, ConfigError> {
+    let uris: Vec<ladder_amqp::AmqpUri> = urls.iter().filter_map(|u| u.parse().ok()).collect();
+    let external = uris.iter().any(|u| u.external_auth);
+    let Some(raw) = raw else {
+        if external {
+            return Err(ConfigError::new(
+                file,
+                "amqp.tls.cert_file",
+                "auth_mechanism=external logs in with a client certificate: set amqp.tls.cert_file and key_file",
+            ));
+        }
+        return Ok(None);
+    };
+    if !uris.iter().any(|u| u.tls) {
+        return Err(ConfigError::new(
+            file,
+            "amqp.tls",
+            "no broker URI is amqps://, so these certificates would not be used and nothing would be encrypted",
+        ));
+    }
+    let options = ladder_amqp::TlsOptions {
+        ca_file: raw.ca_file.map(|p| base.join(p)),
+        cert_file: raw.cert_file.map(|p| base.join(p)),
+        key_file: raw.key_file.map(|p| base.join(p)),
+        server_name: raw.server_name,
+    };
+    if external && options.cert_file.is_none() {
+        return Err(ConfigError::new(
+            file,
+            "amqp.tls.cert_file",
+            "auth_mechanism=external logs in with a client certificate: set amqp.tls.cert_file and key_file",
+        ));
+    }
+    ladder_amqp::tls::client_config(Some(&options)).map_err(|e| {
+        let problem = match e {
+            ladder_amqp::Error::Tls(problem) => problem,
+            other => other.to_string(),
+        };
+        // the client's errors start with the file they are about
+        let about = |path: &Option<PathBuf>| {
+            path.as_ref()
+                .is_some_and(|p| problem.starts_with(&p.display().to_string()))
+        };
+        let key = if about(&options.key_file) || (options.key_file.is_none() && options.cert_file.is_some()) {
+            "amqp.tls.key_file"
+        } else if about(&options.cert_file) || options.cert_file.is_none() && options.key_file.is_some() {
+            "amqp.tls.cert_file"
+        } else if about(&options.ca_file) {
+            "amqp.tls.ca_file"
+        } else {
+            "amqp.tls"
+        };
+        ConfigError::new(file, key, problem)
+    })?;
+    Ok(Some(options))
+}
+
+fn validate_admin(file: &Path, base: &Path, raw: &RawAdmin) -> Result<AdminConfig, ConfigError> {
     let bind = raw.bind.as_deref().unwrap_or(DEFAULT_ADMIN_BIND);
     let bind = bind.parse::<SocketAddr>().map_err(|e| {
         ConfigError::new(
@@ -400,9 +745,44 @@ fn validate_admin(file: &Path, raw: &RawAdmin) -> Result<AdminConfig, ConfigErro
             format!("must be at least {}", humantime::format_duration(MIN_POLL_INTERVAL)),
         ));
     }
-    let mut tokens = Vec::with_capacity(raw.tokens.len());
-    for (name, token) in &raw.tokens {
-        let key = format!("admin.tokens.{name}");
+    // every token with where it came from, for errors: the file's tables, then token files
+    let mut sources: Vec<(String, String, String)> = raw
+        .tokens
+        .iter()
+        .map(|(name, token)| (format!("admin.tokens.{name}"), name.clone(), token.clone()))
+        .collect();
+    for (name, path) in &raw.token_files {
+        let key = format!("admin.token_files.{name}");
+        let token = read_secret(file, base, &key, path)?;
+        sources.push((key, name.clone(), token));
+    }
+    if let Some(dir) = &raw.tokens_dir {
+        // a Kubernetes Secret volume: one file per key, beside `..data` links and dot folders
+        let full = base.join(dir);
+        let entries = std::fs::read_dir(&full)
+            .map_err(|e| ConfigError::new(file, "admin.tokens_dir", format!("cannot read {}: {e}", full.display())))?;
+        let mut names: Vec<String> = entries
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.path().is_file())
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        names.sort();
+        for name in names {
+            let key = format!("admin.tokens_dir: {name}");
+            let token = read_secret(file, base, &key, &full.join(&name))?;
+            sources.push((key, name, token));
+        }
+    }
+    let mut tokens: Vec<OperatorToken> = Vec::with_capacity(sources.len());
+    for (key, name, token) in &sources {
+        if tokens.iter().any(|t| &t.name == name) {
+            return Err(ConfigError::new(
+                file,
+                key.as_str(),
+                format!("a token named {name:?} is already configured"),
+            ));
+        }
         if name.is_empty()
             || !name
                 .chars()
@@ -426,10 +806,33 @@ fn validate_admin(file: &Path, raw: &RawAdmin) -> Result<AdminConfig, ConfigErro
             token: token.clone(),
         });
     }
+    let allowed_hosts = match &raw.allowed_hosts {
+        None => Vec::new(),
+        Some(RawUrls::Many(hosts)) => hosts.clone(),
+        Some(RawUrls::One(list)) => list.split(',').map(str::to_string).collect(),
+    };
+    let allowed_hosts: Vec<String> = allowed_hosts
+        .iter()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| !h.is_empty())
+        .collect();
+    if let Some(bad) = allowed_hosts.iter().find(|h| {
+        *h != "*"
+            && !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    }) {
+        return Err(ConfigError::new(
+            file,
+            "admin.allowed_hosts",
+            format!("{bad:?} is not a host name (no port, no scheme; \"*\" allows any)"),
+        ));
+    }
     Ok(AdminConfig {
         bind,
         poll_interval,
         tokens,
+        allowed_hosts,
     })
 }
 
@@ -483,34 +886,64 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         )
     })?;
     let allow = RegexSet::new(&allow).map_err(|e| err("allow", format!("invalid regex: {e}")))?;
-    let queue_type = match raw.queue_type.as_deref().unwrap_or("quorum") {
-        "quorum" => QueueType::Quorum,
-        "classic" => QueueType::Classic,
-        other => return Err(err("queue_type", format!("{other:?} is not \"quorum\" or \"classic\""))),
-    };
-    let default_strategy = match queue_type {
-        QueueType::Quorum => "at-least-once",
-        QueueType::Classic => "at-most-once",
-    };
-    let strategy = match raw.dead_letter_strategy.as_deref().unwrap_or(default_strategy) {
-        "at-least-once" => DeadLetterStrategy::AtLeastOnce,
-        "at-most-once" => DeadLetterStrategy::AtMostOnce,
-        other => {
-            return Err(err(
-                "dead_letter_strategy",
-                format!("{other:?} is not \"at-least-once\" or \"at-most-once\""),
-            ));
-        }
-    };
+    let queue_type = raw.queue_type.unwrap_or(DEFAULT_QUEUE_TYPE);
+    let strategy = raw.dead_letter_strategy.unwrap_or(queue_type.default_strategy());
     if queue_type == QueueType::Classic && strategy == DeadLetterStrategy::AtLeastOnce {
         return Err(err(
             "dead_letter_strategy",
             "at-least-once needs queue_type = \"quorum\"; classic queues dead-letter at-most-once".into(),
         ));
     }
+    let senders = match (raw.senders, raw.unidentified) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(err(
+                "unidentified",
+                "applies only to a ladder that lists its senders".into(),
+            ));
+        }
+        (Some(grants), unidentified) => Some(Senders {
+            grants: grants
+                .into_iter()
+                .map(|(user, patterns)| {
+                    let key = format!("senders.{user}");
+                    if user.is_empty() {
+                        return Err(err(&key, "a sender is a broker user name, not empty".into()));
+                    }
+                    RegexSet::new(&patterns)
+                        .map(|set| (user, set))
+                        .map_err(|e| err(&key, format!("invalid regex: {e}")))
+                })
+                .collect::<Result<_, _>>()?,
+            unidentified: unidentified.unwrap_or(DEFAULT_UNIDENTIFIED),
+        }),
+    };
+    let exact_delays = raw.exact_delays.unwrap_or(DEFAULT_EXACT_DELAYS);
+    let jitter = raw.jitter.as_deref().map(parse_jitter).transpose().map_err(|p| err("jitter", p))?;
+    if jitter.is_some() && !exact_delays {
+        return Err(err(
+            "jitter",
+            "needs exact_delays = true: a spread step waits in the delay levels".into(),
+        ));
+    }
+    let allow_exchanges = raw.allow_exchanges.unwrap_or_default();
+    if !allow_exchanges.is_empty() && !exact_delays {
+        return Err(err(
+            "allow_exchanges",
+            "needs exact_delays = true: scheduled deliveries wait in the delay levels".into(),
+        ));
+    }
+    let allow_exchanges =
+        RegexSet::new(&allow_exchanges).map_err(|e| err("allow_exchanges", format!("invalid regex: {e}")))?;
     let backoff = raw.backoff.into_iter().map(|step| *step).collect();
-    let spec = LadderSpec::new(name, backoff, max_attempts, allow, queue_type, strategy);
-    let longest = crate::topology::Names::new(namespace, &spec.name).longest_name(&spec);
+    let mut spec = LadderSpec::new(name, backoff, max_attempts, allow, queue_type, strategy);
+    if let Some(senders) = senders {
+        spec = spec.with_senders(senders);
+    }
+    spec.set_exact_delays(exact_delays);
+    spec.jitter = jitter;
+    spec.allow_exchanges = allow_exchanges;
+    let longest = crate::model::names::Names::new(namespace, &spec.name).longest_name(&spec);
     if longest.len() > MAX_NAME_BYTES {
         return Err(err(
             "-",
@@ -518,6 +951,19 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         ));
     }
     Ok(spec)
+}
+
+/// A ladder's `jitter`: a percentage from 0% to 50% (`"10%"`, `"2.5%"`), kept in thousandths.
+fn parse_jitter(text: &str) -> Result<Jitter, String> {
+    let number = text.trim().strip_suffix('%').ok_or_else(|| format!("{text:?} must be a percentage such as \"10%\""))?;
+    let percent: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} must be a percentage such as \"10%\""))?;
+    if !(0.0..=MAX_JITTER_PERCENT).contains(&percent) {
+        return Err(format!("{text:?} must be between 0% and {MAX_JITTER_PERCENT}%"));
+    }
+    Ok(Jitter { permille: (percent * 10.0).round() as u16 })
 }
 
 #[cfg(test)]
@@ -586,8 +1032,60 @@ mod tests {
             ])
             .unwrap();
         assert_eq!(c.namespace, "b");
-        assert_eq!(c.amqp.url.expose(), "amqp://x:secret@y:2/%2f");
+        assert_eq!(c.amqp.urls[0].expose(), "amqp://x:secret@y:2/%2f");
         assert_eq!(c.limits.prefetch, 7);
+    }
+
+    #[test]
+    fn variables_that_name_no_key_are_ignored() {
+        // what Kubernetes injects for a Service named `ladder`, and a tool's own variable
+        let f = Fixture::new("namespace = \"a\"\n", &[("default", GOOD_LADDER)]);
+        let c = f
+            .load(&[
+                ("LADDER_PORT", "tcp://10.0.0.1:9464"),
+                ("LADDER_SERVICE_HOST", "10.0.0.1"),
+                ("LADDER_PORT_9464_TCP_ADDR", "10.0.0.1"),
+                ("LADDER_TEST_AMQP_URL", "amqp://elsewhere"),
+                ("LADDER_TOKEN", "not a config key"),
+                ("LADDER_ADMIN__TOKENS__", "no name"),
+                ("LADDER_PREFETCH", "9"),
+            ])
+            .unwrap();
+        assert_eq!((c.namespace.as_str(), c.limits.prefetch), ("a", 9));
+        assert!(c.admin.tokens.is_empty());
+        // every listed key is one the config takes: each overrides, none is refused
+        for key in ENV_KEYS {
+            assert!(is_config_variable(&key.to_ascii_uppercase()), "{key}");
+        }
+        assert!(!is_config_variable("AMQP") && !is_config_variable("ADMIN__TOKENS"));
+    }
+
+    #[test]
+    fn amqp_urls_is_a_list_or_a_comma_separated_string_and_url_still_works() {
+        let f = Fixture::new(
+            "[amqp]\nurls = [\"amqp://a:1/%2f\", \"amqp://b:2/%2f\"]\n",
+            &[("default", GOOD_LADDER)],
+        );
+        let c = f.load(&[]).unwrap();
+        let urls: Vec<&str> = c.amqp.urls.iter().map(SecretUri::expose).collect();
+        assert_eq!(urls, ["amqp://a:1/%2f", "amqp://b:2/%2f"]);
+        let c = f
+            .load(&[("LADDER_AMQP__URLS", "amqp://c:3/%2f, amqp://d:4/%2f")])
+            .unwrap();
+        assert_eq!(c.amqp.urls.len(), 2);
+        assert_eq!(c.amqp.urls[1].expose(), "amqp://d:4/%2f");
+        let one = Fixture::new("[amqp]\nurl = \"amqp://u:pw@h:1/%2f\"\n", &[("default", GOOD_LADDER)]);
+        let c = one.load(&[]).unwrap();
+        assert_eq!(c.amqp.urls.len(), 1);
+        assert_eq!(c.amqp.brokers(), "amqp://u:***@h:1/%2f");
+        for (text, key) in [
+            ("[amqp]\nurl = \"amqp://a\"\nurls = [\"amqp://b\"]\n", "amqp.urls"),
+            ("[amqp]\nurls = []\n", "amqp.urls"),
+            ("[amqp]\nurls = [\"amqp://a\", \"http://b\"]\n", "amqp.urls"),
+        ] {
+            let bad = Fixture::new(text, &[("default", GOOD_LADDER)]);
+            assert_eq!(bad.load(&[]).unwrap_err().key, key, "{text}");
+        }
     }
 
     #[test]
@@ -656,7 +1154,62 @@ mod tests {
         assert_eq!(e.key, "max_atempts", "{e}");
         assert!(e.file.ends_with("default.toml"));
         let e = problem("", "allow = []\n\nbackoff = [\"soon\"]");
-        assert_eq!(e.key, "line 3", "{e}");
+        assert_eq!(e.key, "backoff[0]", "{e}");
+        assert!(e.problem.ends_with("(line 3)"), "{e}");
+        let e = problem("", "backoff = [\"1s\"]\nallow = []\nqueue_type = \"stream\"");
+        assert_eq!(e.key, "queue_type", "{e}");
+        assert!(e.problem.contains("`quorum`") && e.problem.contains("`classic`"), "{e}");
+        let e = problem("[amqp]\nreconnect_min = \"fast\"", GOOD_LADDER);
+        assert_eq!(e.key, "amqp.reconnect_min", "{e}");
+        let e = problem("[admin.tokens]\nalice = 5", GOOD_LADDER);
+        assert!(e.key.starts_with("admin.tokens"), "{e}");
+    }
+
+    #[test]
+    fn brokers_from_the_environment_win_over_the_file() {
+        let f = Fixture::new("[amqp]\nurl = \"amqp://file:5672\"", &[("default", GOOD_LADDER)]);
+        let c = f.load(&[("LADDER_AMQP__URLS", "amqp://a:5672,amqp://b:5672")]).unwrap();
+        let urls: Vec<_> = c.amqp.urls.iter().map(|u| u.expose().to_string()).collect();
+        assert_eq!(urls, ["amqp://a:5672", "amqp://b:5672"]);
+        let f = Fixture::new(
+            "[amqp]\nurls = [\"amqp://f1:5672\", \"amqp://f2:5672\"]",
+            &[("default", GOOD_LADDER)],
+        );
+        let c = f.load(&[("LADDER_AMQP__URL", "amqp://env:5672")]).unwrap();
+        let urls: Vec<_> = c.amqp.urls.iter().map(|u| u.expose().to_string()).collect();
+        assert_eq!(urls, ["amqp://env:5672"]);
+        // both in the file is a mistake in the file
+        let e = problem(
+            "[amqp]\nurl = \"amqp://x:5672\"\nurls = [\"amqp://y:5672\"]",
+            GOOD_LADDER,
+        );
+        assert_eq!(e.key, "amqp.urls", "{e}");
+    }
+
+    #[test]
+    fn exact_delays_jitter_and_exchange_targets() {
+        let one = |ladder: &str| Fixture::new("", &[("default", ladder)]).load(&[]).unwrap().ladders.remove(0);
+        let l = one(GOOD_LADDER);
+        assert!(l.exact_delays, "on unless a ladder turns them off");
+        assert_eq!(l.jitter, None);
+        assert!(l.tiers.len() > l.steps.len(), "levels are declared");
+        let l = one("backoff = [\"1s\"]\nallow = []\njitter = \"12.5%\"\nallow_exchanges = [\"^events$\"]");
+        assert_eq!(l.jitter, Some(Jitter { permille: 125 }));
+        assert!(l.allow_exchanges.is_match("events") && !l.allow_exchanges.is_match("other"));
+        let l = one("backoff = [\"1s\"]\nallow = []\nexact_delays = false");
+        assert!(!l.exact_delays);
+        assert_eq!(l.tiers, l.steps, "only the steps are declared");
+        for (ladder, key, says) in [
+            ("backoff = [\"1s\"]\nallow = []\njitter = \"10\"", "jitter", "percentage"),
+            ("backoff = [\"1s\"]\nallow = []\njitter = \"60%\"", "jitter", "between 0% and 50%"),
+            ("backoff = [\"1s\"]\nallow = []\nexact_delays = false\njitter = \"5%\"", "jitter", "exact_delays"),
+            ("backoff = [\"1s\"]\nallow = []\nexact_delays = false\nallow_exchanges = [\"x\"]", "allow_exchanges", "exact_delays"),
+            ("backoff = [\"1s\"]\nallow = []\nallow_exchanges = [\"(\"]", "allow_exchanges", "invalid regex"),
+        ] {
+            let e = problem("", ladder);
+            assert_eq!(e.key, key, "{ladder}: {e}");
+            assert!(e.problem.contains(says), "{ladder}: {e}");
+        }
     }
 
     #[test]
@@ -729,6 +1282,212 @@ mod tests {
             let e = problem(main, ladder);
             assert_eq!(&e.key, key, "main={main:?} ladder={ladder:?}: {e}");
         }
+    }
+
+    #[test]
+    fn senders_grant_destinations_and_unidentified_defaults_to_reject() {
+        use crate::model::ladder::Mode;
+        let c = Fixture::new(
+            "",
+            &[(
+                "default",
+                "backoff = [\"1s\"]\nallow = [\"^orders$\", \"^billing\\\\.\"]\n\
+                 [senders]\nbilling-svc = [\"^billing\\\\.\"]\n\"orders svc\" = [\"^orders$\"]\n",
+            )],
+        )
+        .load(&[])
+        .unwrap();
+        let senders = c.ladders[0].senders.as_ref().unwrap();
+        assert_eq!(senders.unidentified, Unidentified::Reject);
+        assert!(
+            senders
+                .refuse("default", Some("billing-svc"), Mode::Explicit, "billing.x")
+                .is_none()
+        );
+        assert!(
+            senders
+                .refuse("default", Some("orders svc"), Mode::Explicit, "orders")
+                .is_none()
+        );
+        assert!(
+            senders
+                .refuse("default", Some("billing-svc"), Mode::Explicit, "orders")
+                .is_some()
+        );
+        let c = Fixture::new(
+            "",
+            &[(
+                "default",
+                "backoff = [\"1s\"]\nallow = []\nunidentified = \"dead-letter\"\n[senders]\n",
+            )],
+        )
+        .load(&[])
+        .unwrap();
+        let senders = c.ladders[0].senders.as_ref().unwrap();
+        assert_eq!(senders.unidentified, Unidentified::DeadLetter);
+        assert!(senders.grants.is_empty());
+        let without = Fixture::new("", &[("default", GOOD_LADDER)]).load(&[]).unwrap();
+        assert!(without.ladders[0].senders.is_none());
+        for (ladder, key) in [
+            (
+                "backoff = [\"1s\"]\nallow = []\nunidentified = \"reject\"",
+                "unidentified",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\nunidentified = \"maybe\"",
+                "unidentified",
+            ),
+            ("backoff = [\"1s\"]\nallow = []\n[senders]\na = [\"(\"]", "senders.a"),
+            ("backoff = [\"1s\"]\nallow = []\n[senders]\n\"\" = []", "senders."),
+            ("backoff = [\"1s\"]\nallow = []\n[senders]\na = \"^x$\"", "senders.a"),
+        ] {
+            let e = problem("", ladder);
+            assert_eq!(e.key, key, "{ladder}: {e}");
+        }
+    }
+
+    #[test]
+    fn brokers_and_tokens_come_from_files_as_kubernetes_mounts_secrets() {
+        let f = Fixture::new(
+            "[amqp]\nurl_file = \"secrets/url\"\n[admin]\ntokens_dir = \"tokens\"\n\
+             [admin.token_files]\ncarol = \"secrets/carol\"\n",
+            &[("default", GOOD_LADDER)],
+        );
+        let dir = f.dir.path();
+        std::fs::create_dir_all(dir.join("secrets")).unwrap();
+        std::fs::write(dir.join("secrets/url"), "amqp://u:file-secret@h:1/%2f\n").unwrap();
+        std::fs::write(dir.join("secrets/carol"), "carol-token-0123456789\n").unwrap();
+        // what a Secret volume holds: the keys as links into a hidden, timestamped folder
+        let data = dir.join("tokens/..2026_01_01_00_00_00.1");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("alice"), "alice-token-0123456789").unwrap();
+        std::os::unix::fs::symlink("..2026_01_01_00_00_00.1", dir.join("tokens/..data")).unwrap();
+        std::os::unix::fs::symlink("..data/alice", dir.join("tokens/alice")).unwrap();
+        let c = f.load(&[]).unwrap();
+        assert_eq!(c.amqp.urls[0].expose(), "amqp://u:file-secret@h:1/%2f");
+        let tokens: Vec<_> = c
+            .admin
+            .tokens
+            .iter()
+            .map(|t| (t.name.as_str(), t.token.as_str()))
+            .collect();
+        assert_eq!(
+            tokens,
+            [("carol", "carol-token-0123456789"), ("alice", "alice-token-0123456789")]
+        );
+        assert!(!format!("{c:?}").contains("file-secret") && !format!("{c:?}").contains("alice-token"));
+        // the environment names the files too, and wins over the file's brokers
+        std::fs::write(
+            dir.join("secrets/urls"),
+            "amqp://a:1/%2f\namqp://b:2/%2f, amqp://c:3/%2f\n",
+        )
+        .unwrap();
+        let c = f.load(&[("LADDER_AMQP__URLS_FILE", "secrets/urls")]).unwrap();
+        let urls: Vec<_> = c.amqp.urls.iter().map(SecretUri::expose).collect();
+        assert_eq!(urls, ["amqp://a:1/%2f", "amqp://b:2/%2f", "amqp://c:3/%2f"]);
+        let c = f.load(&[("LADDER_ADMIN__TOKEN_FILES__DAVE", "secrets/carol")]).unwrap();
+        assert!(c.admin.tokens.iter().any(|t| t.name == "dave"));
+        // problems name the key and the file, never what it holds
+        std::fs::write(dir.join("secrets/url"), "http://u:file-secret@h/\n").unwrap();
+        let e = f.load(&[]).unwrap_err();
+        assert_eq!(e.key, "amqp.url_file", "{e}");
+        assert!(!e.to_string().contains("file-secret"), "{e}");
+        std::fs::write(dir.join("secrets/url"), "\n").unwrap();
+        assert!(f.load(&[]).unwrap_err().problem.contains("is empty"));
+        std::fs::write(dir.join("secrets/url"), "amqp://h/%2f").unwrap();
+        std::fs::write(data.join("alice"), "short").unwrap();
+        let e = f.load(&[]).unwrap_err();
+        assert_eq!(e.key, "admin.tokens_dir: alice", "{e}");
+        assert!(!e.to_string().contains("short"), "{e}");
+        for (text, key) in [
+            ("[amqp]\nurl_file = \"nope\"\n", "amqp.url_file"),
+            ("[amqp]\nurl = \"amqp://h\"\nurl_file = \"x\"\n", "amqp.url_file"),
+            ("[amqp]\nurls = [\"amqp://h\"]\nurls_file = \"x\"\n", "amqp.urls_file"),
+            ("[admin]\ntokens_dir = \"nope\"\n", "admin.tokens_dir"),
+            ("[admin.token_files]\nx = \"nope\"\n", "admin.token_files.x"),
+            (
+                "[admin.tokens]\ncarol = \"0123456789abcdef\"\n[admin.token_files]\ncarol = \"secrets/carol\"\n",
+                "admin.token_files.carol",
+            ),
+        ] {
+            let bad = Fixture::new(text, &[("default", GOOD_LADDER)]);
+            std::fs::create_dir_all(bad.dir.path().join("secrets")).unwrap();
+            std::fs::write(bad.dir.path().join("secrets/carol"), "carol-token-0123456789").unwrap();
+            assert_eq!(bad.load(&[]).unwrap_err().key, key, "{text}");
+        }
+    }
+
+    #[test]
+    fn tls_files_are_read_at_load_and_only_with_amqps() {
+        let f = Fixture::new(
+            "[amqp]\nurl = \"amqps://h/%2f\"\n[amqp.tls]\nca_file = \"ca.pem\"\n",
+            &[("default", GOOD_LADDER)],
+        );
+        std::fs::write(f.dir.path().join("ca.pem"), "not a certificate").unwrap();
+        let e = f.load(&[]).unwrap_err();
+        assert_eq!(e.key, "amqp.tls.ca_file", "{e}");
+        assert!(
+            e.problem.contains("ca.pem") && e.problem.contains("no certificate"),
+            "{e}"
+        );
+        for (text, key) in [
+            ("[amqp]\nurl = \"amqp://h\"\n[amqp.tls]\n", "amqp.tls"),
+            (
+                "[amqp]\nurl = \"amqps://h?auth_mechanism=external\"\n",
+                "amqp.tls.cert_file",
+            ),
+            (
+                "[amqp]\nurl = \"amqps://h\"\n[amqp.tls]\ncert_file = \"c.pem\"\n",
+                "amqp.tls.key_file",
+            ),
+            (
+                "[amqp]\nurl = \"amqps://h\"\n[amqp.tls]\nca_file = \"missing.pem\"\n",
+                "amqp.tls.ca_file",
+            ),
+            (
+                "[amqp]\nurl = \"amqps://h\"\n[amqp.tls]\ncafile = \"x\"\n",
+                "amqp.tls.cafile",
+            ),
+        ] {
+            let bad = Fixture::new(text, &[("default", GOOD_LADDER)]);
+            assert_eq!(bad.load(&[]).unwrap_err().key, key, "{text}");
+        }
+    }
+
+    #[test]
+    fn the_admin_server_answers_ip_addresses_loopback_names_and_allowed_hosts() {
+        let c = Fixture::new("", &[("default", GOOD_LADDER)]).load(&[]).unwrap();
+        for host in [
+            "127.0.0.1:9464",
+            "localhost:9464",
+            "LOCALHOST",
+            "[::1]:9464",
+            "10.0.0.7",
+            "localhost.",
+        ] {
+            assert!(c.admin.allows_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:9464",
+            "127.0.0.1.nip.io",
+            "localhost.evil",
+            "[evil]:1",
+            "",
+        ] {
+            assert!(!c.admin.allows_host(host), "{host}");
+        }
+        let f = Fixture::new(
+            "[admin]\nallowed_hosts = [\"Ladder.Example.org\", \"ladder\"]\n",
+            &[("default", GOOD_LADDER)],
+        );
+        let c = f.load(&[]).unwrap();
+        assert!(c.admin.allows_host("ladder.example.org:443") && c.admin.allows_host("ladder:9464"));
+        assert!(!c.admin.allows_host("example.org"));
+        let c = f.load(&[("LADDER_ADMIN__ALLOWED_HOSTS", "*")]).unwrap();
+        assert!(c.admin.allows_host("anything.example"));
+        let e = problem("[admin]\nallowed_hosts = [\"http://x:80\"]", GOOD_LADDER);
+        assert_eq!(e.key, "admin.allowed_hosts", "{e}");
     }
 
     #[test]

@@ -13,9 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::ladder::LadderSpec;
-use crate::protocol::ParkReason;
-use crate::relay::Hop;
+use crate::model::ladder::LadderSpec;
+use crate::model::names::Hop;
+use crate::model::protocol::{DeferReason, ParkReason};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LadderLabel {
@@ -63,9 +63,11 @@ pub struct Metrics {
     received: Family<HopLabels, Counter>,
     scheduled: Family<TierLabels, Counter>,
     delivered: Family<LadderLabel, Counter>,
+    entered: Family<LadderLabel, Counter>,
     parked: Family<ReasonLabels, Counter>,
     publish_failures: Family<HopLabels, Counter>,
     returned: Family<HopLabels, Counter>,
+    deferred: Family<ReasonLabels, Counter>,
     lateness: Family<LadderLabel, Histogram, fn() -> Histogram>,
     hop_duration: Family<HopLabels, Histogram, fn() -> Histogram>,
     in_flight: Family<HopLabels, Gauge>,
@@ -90,9 +92,11 @@ impl Metrics {
             received: Family::default(),
             scheduled: Family::default(),
             delivered: Family::default(),
+            entered: Family::default(),
             parked: Family::default(),
             publish_failures: Family::default(),
             returned: Family::default(),
+            deferred: Family::default(),
             lateness: Family::new_with_constructor(lateness_histogram),
             hop_duration: Family::new_with_constructor(hop_histogram),
             in_flight: Family::default(),
@@ -119,6 +123,11 @@ impl Metrics {
         );
         registry.register("ladder_parked_messages", "Messages parked, by reason", m.parked.clone());
         registry.register(
+            "ladder_entered_messages",
+            "Messages that entered a ladder: first deliveries from its intake queue, redeliveries not counted",
+            m.entered.clone(),
+        );
+        registry.register(
             "ladder_publish_failures",
             "Publishes the broker nacked or parks it refused; the delivery is held and published again",
             m.publish_failures.clone(),
@@ -127,6 +136,11 @@ impl Metrics {
             "ladder_returned_messages",
             "Mandatory publishes the broker returned as unroutable (then parked as no-route)",
             m.returned.clone(),
+        );
+        registry.register(
+            "ladder_deferred_messages",
+            "Due messages put back into a tier instead of delivered, by reason: the destination refused them (refused) or had its bound in flight (busy); no attempt is counted",
+            m.deferred.clone(),
         );
         registry.register(
             "ladder_lateness_seconds",
@@ -181,7 +195,7 @@ impl Metrics {
                 })
                 .clone()
         };
-        let per_hop = |make: &dyn Fn(Hop) -> HopMetrics| [make(Hop::Intake), make(Hop::Due)];
+        let per_hop = |make: &dyn Fn(Hop) -> HopMetrics| Hop::ALL.map(make);
         LadderMetrics {
             hops: per_hop(&|h| HopMetrics {
                 received: hop(&self.received, h),
@@ -213,6 +227,10 @@ impl Metrics {
                     (tier.name.clone(), self.scheduled.get_or_create(&labels).clone())
                 })
                 .collect(),
+            entered: self
+                .entered
+                .get_or_create(&LadderLabel { ladder: ladder.clone() })
+                .clone(),
             delivered: self
                 .delivered
                 .get_or_create(&LadderLabel { ladder: ladder.clone() })
@@ -221,6 +239,13 @@ impl Metrics {
                 .lateness
                 .get_or_create(&LadderLabel { ladder: ladder.clone() })
                 .clone(),
+            deferred: DeferReason::ALL.map(|reason| {
+                let labels = ReasonLabels {
+                    ladder: ladder.clone(),
+                    reason: reason.code().to_string(),
+                };
+                self.deferred.get_or_create(&labels).clone()
+            }),
             parked: ParkReason::ALL.map(|reason| {
                 let labels = ReasonLabels {
                     ladder: ladder.clone(),
@@ -288,13 +313,17 @@ pub struct HopMetrics {
 /// One ladder's handles, cheap to use from the hot path.
 #[derive(Debug, Clone)]
 pub struct LadderMetrics {
-    hops: [HopMetrics; 2],
+    hops: [HopMetrics; Hop::ALL.len()],
+    /// First deliveries from `N.L.intake` (not redeliveries): the messages that entered the
+    /// ladder, for the accounting identity.
+    pub entered: Counter,
     scheduled: Vec<(String, Counter)>,
     /// Retries delivered to their destination.
     pub delivered: Counter,
     /// Due-time lateness of delivered retries.
     pub lateness: Histogram,
     parked: [Counter; ParkReason::ALL.len()],
+    deferred: [Counter; DeferReason::ALL.len()],
 }
 
 impl LadderMetrics {
@@ -303,6 +332,7 @@ impl LadderMetrics {
         match hop {
             Hop::Intake => &self.hops[0],
             Hop::Due => &self.hops[1],
+            Hop::Quarantine => &self.hops[2],
         }
     }
 
@@ -325,6 +355,12 @@ impl LadderMetrics {
         self.parked[index].inc();
     }
 
+    /// Counts a due message put back into a tier.
+    pub fn deferred(&self, reason: DeferReason) {
+        let index = DeferReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.deferred[index].inc();
+    }
+
     /// Total parked so far, all reasons.
     pub fn parked_total(&self) -> u64 {
         self.parked.iter().map(Counter::get).sum()
@@ -336,19 +372,20 @@ impl LadderMetrics {
     }
 }
 
-/// Keeps a gauge incremented while alive: one per message in flight.
+/// Keeps a gauge incremented while alive: one per message in flight. It borrows the gauge (the
+/// ladder's handles outlive every delivery), so entering costs one atomic add, not also a clone.
 #[derive(Debug)]
-pub struct InFlight(Gauge);
+pub struct InFlight<'a>(&'a Gauge);
 
-impl InFlight {
+impl<'a> InFlight<'a> {
     /// Increments `gauge` until dropped.
-    pub fn enter(gauge: &Gauge) -> Self {
+    pub fn enter(gauge: &'a Gauge) -> Self {
         gauge.inc();
-        InFlight(gauge.clone())
+        InFlight(gauge)
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -357,7 +394,7 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ladder::{DeadLetterStrategy, QueueType};
+    use crate::model::ladder::{DeadLetterStrategy, QueueType};
 
     #[test]
     fn names_units_and_bounded_labels() {
@@ -375,6 +412,7 @@ mod tests {
         l.scheduled("10s");
         l.delivered(Duration::from_millis(12));
         l.parked(ParkReason::NoRoute);
+        l.deferred(DeferReason::Refused);
         metrics.set_queue_messages("orders", "delay.10s", 7);
         let text = metrics.encode();
         for line in [
@@ -384,6 +422,8 @@ mod tests {
             "ladder_delivered_messages_total{ladder=\"orders\"} 1",
             "ladder_parked_messages_total{ladder=\"orders\",reason=\"no-route\"} 1",
             "ladder_parked_messages_total{ladder=\"orders\",reason=\"max-attempts\"} 0",
+            "ladder_deferred_messages_total{ladder=\"orders\",reason=\"refused\"} 1",
+            "ladder_deferred_messages_total{ladder=\"orders\",reason=\"busy\"} 0",
             "ladder_lateness_seconds_count{ladder=\"orders\"} 1",
             "ladder_queue_messages{ladder=\"orders\",queue=\"delay.10s\"} 7",
             "ladder_unaccounted_messages{ladder=\"orders\"} 0",

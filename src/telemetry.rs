@@ -14,17 +14,16 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use ladder_amqp::{BasicProperties, FieldTable, FieldValue, LongString};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
-use crate::protocol::{Decision, as_text, as_u64, header};
-use crate::relay::Hop;
-use crate::topology::Names;
+use crate::model::names::Hop;
+use crate::model::names::Names;
+use crate::model::protocol::{Decision, as_text, as_u64, header};
 
 /// The service's tracer, or nothing when tracing is off.
 #[derive(Debug, Clone, Default)]
@@ -68,12 +67,13 @@ impl Telemetry {
         now_ms: u64,
     ) -> Option<HopTrace> {
         let tracer = self.tracer.as_ref()?;
-        let empty = FieldTable::default();
-        let headers = props.headers().as_ref().unwrap_or(&empty);
+        let headers = props.headers_or_empty();
+        let headers: &FieldTable = &headers;
         let mut parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
         let queue = match hop {
             Hop::Intake => &names.intake_queue,
             Hop::Due => &names.due,
+            Hop::Quarantine => &names.quarantine,
         };
         if hop == Hop::Due {
             parent = wait_span(tracer, names, ladder, headers, &parent, now_ms).unwrap_or(parent);
@@ -87,7 +87,7 @@ impl Telemetry {
             KeyValue::new("ladder.name", ladder.to_string()),
             KeyValue::new("ladder.hop", hop.to_string()),
         ];
-        if let Some(id) = props.message_id() {
+        if let Some(id) = &props.message_id {
             attributes.push(KeyValue::new("messaging.message.id", id.to_string()));
         }
         let span = tracer
@@ -113,7 +113,7 @@ fn wait_span(
     parent: &Context,
     now_ms: u64,
 ) -> Option<Context> {
-    let h = headers.inner();
+    let h = headers;
     let tier = as_text(h.get(header::RETRY_TIER)?)?;
     let due_at = as_u64(h.get(header::RETRY_DUE_AT)?)?;
     let delay = humantime::parse_duration(tier).ok()?;
@@ -156,20 +156,12 @@ impl HopTrace {
             Decision::Forward(f) => {
                 span.set_attribute(KeyValue::new("ladder.attempt", f.attempt as i64));
                 span.set_attribute(KeyValue::new("ladder.destination", f.destination.clone()));
-                if let Some(AMQPValue::LongLongInt(due)) = f
-                    .properties
-                    .headers()
-                    .as_ref()
-                    .and_then(|h| h.inner().get(header::RETRY_DUE_AT))
+                if let Some(FieldValue::LongLongInt(due)) =
+                    f.properties.headers.as_ref().and_then(|h| h.get(header::RETRY_DUE_AT))
                 {
                     span.set_attribute(KeyValue::new("ladder.due_at_ms", *due));
                 }
-                if let Some(tier) = f
-                    .properties
-                    .headers()
-                    .as_ref()
-                    .and_then(|h| h.inner().get(header::RETRY_TIER))
-                {
+                if let Some(tier) = f.properties.headers.as_ref().and_then(|h| h.get(header::RETRY_TIER)) {
                     span.set_attribute(KeyValue::new("ladder.tier", as_text(tier).unwrap_or("").to_string()));
                 }
             }
@@ -182,7 +174,12 @@ impl HopTrace {
     }
 
     /// Starts the send span of a publish and returns `properties` carrying its context.
-    pub fn send(&self, exchange: &str, routing_key: &str, properties: BasicProperties) -> (SendTrace, BasicProperties) {
+    pub fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mut properties: BasicProperties,
+    ) -> (SendTrace, BasicProperties) {
         let destination = if exchange.is_empty() { routing_key } else { exchange };
         let span = self
             .tracer
@@ -197,9 +194,9 @@ impl HopTrace {
             ])
             .start_with_context(&self.tracer, &self.process);
         let cx = self.process.with_span(span);
-        let mut headers = properties.headers().clone().unwrap_or_default();
-        TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(&mut headers));
-        (SendTrace(cx), properties.with_headers(headers))
+        let headers = properties.headers.get_or_insert_with(FieldTable::new);
+        TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
+        (SendTrace(cx), properties)
     }
 
     /// Marks the message parked: `error.type` and the reason on the process span.
@@ -291,11 +288,11 @@ struct HeaderExtractor<'a>(&'a FieldTable);
 
 impl Extractor for HeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.inner().get(key).and_then(as_text)
+        self.0.get(key).and_then(as_text)
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0.inner().keys().map(|k| k.as_str()).collect()
+        self.0.iter().filter_map(|(k, _)| k.to_str()).collect()
     }
 }
 
@@ -304,7 +301,6 @@ struct HeaderInjector<'a>(&'a mut FieldTable);
 impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
         // long strings: RabbitMQ rejects short strings in tables, and other clients read these
-        self.0
-            .insert(key.into(), AMQPValue::LongString(LongString::from(value.into_bytes())));
+        self.0.set(key, FieldValue::LongString(LongString::from(value)));
     }
 }

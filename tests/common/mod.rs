@@ -1,7 +1,15 @@
-//! Shared helpers for the integration tests: a ladder in a namespace of its own on the machine's
-//! real RabbitMQ, the service running against it, and a client to publish, consume and read the
-//! parking lot. Everything a test declares is deleted when its `TestLadder` is dropped.
+//! Shared helpers for the integration tests: a ladder in a namespace of its own on a real
+//! RabbitMQ (`LADDER_TEST_AMQP_URL`, default the machine's broker on 127.0.0.1:5672), the service
+//! running against it, and a client to publish, consume and read the parking lot. Everything a
+//! test declares is deleted when its `TestLadder` is dropped.
 #![allow(dead_code, unreachable_pub)]
+
+pub mod cluster;
+mod markers;
+pub mod parking;
+
+#[allow(unused_imports)] // not every test binary sends markers
+pub use markers::*;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,23 +17,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use futures_util::StreamExt;
+use ladder::broker::supervisor::{self as service, State};
+use ladder::broker::topology::{self, Declaration};
 use ladder::config::Config;
-use ladder::envelope::Envelope;
-use ladder::service::{self, State};
-use ladder::topology::{self, Declaration};
-use lapin::message::Delivery;
-use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+use ladder::model::envelope::Envelope;
+use ladder_amqp::{
+    BasicProperties, Channel, Confirmation, ConnectOptions, Connection, Consumer, Delivery, FieldTable, FieldValue,
+    QueueOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The machine's broker (CI's too).
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// The broker the tests run against: `LADDER_TEST_AMQP_URL`, or the machine's (CI's too).
+pub fn amqp_url() -> String {
+    std::env::var("LADDER_TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
 
 /// Upper bound for any single wait in a test.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -46,22 +52,12 @@ pub fn now_ms() -> u64 {
 }
 
 pub async fn connect() -> Connection {
-    let connection = tokio::time::timeout(WAIT, Connection::connect(AMQP_URL, ConnectionProperties::default()))
+    let mut options = ConnectOptions::new(amqp_url().parse().expect("LADDER_TEST_AMQP_URL is an AMQP URI"));
+    options.connection_name = Some("ladder-test".into());
+    tokio::time::timeout(WAIT, Connection::connect(&options))
         .await
         .expect("connect timed out")
-        .expect("the test broker at 127.0.0.1:5672 accepts connections");
-    // A test's connection that fails says why on stderr: calls made afterwards only report the
-    // state (`InvalidConnectionState(Error)`), which does not tell a broken socket from a missed
-    // heartbeat or a protocol error. The task ends with the connection.
-    let mut events = connection.events_listener();
-    tokio::spawn(async move {
-        while let Some(event) = events.next().await {
-            if let lapin::Event::Error(e) = event {
-                eprintln!("test connection error: {e:?}");
-            }
-        }
-    });
-    connection
+        .expect("the test broker accepts connections")
 }
 
 /// An `extra_main` for [`write_config`] that gives the admin server an ephemeral port, for tests
@@ -70,18 +66,34 @@ pub const ADMIN_ANY_PORT: &str = "[admin]\nbind = \"127.0.0.1:0\"";
 
 /// Writes `ladder.toml` and `ladders/<ladder>.toml` into `dir`, with `{ns}` in `ladder_toml`
 /// replaced by the namespace, and returns the config path.
+///
+/// A test ladder has no delay levels unless its TOML says `exact_delays`: the 28 level queues
+/// (quorum queues, one Raft group each) per test namespace would make the suite mostly queue
+/// declarations on a two-core machine. The tests of exact delays and scheduled deliveries ask
+/// for them (`exact_delays = true`).
 pub fn write_config(dir: &Path, ns: &str, extra_main: &str, ladder: &str, ladder_toml: &str) -> PathBuf {
     let main = format!(
-        "namespace = \"{ns}\"\nshutdown_grace = \"5s\"\nprefetch = 100\n{extra_main}\n[amqp]\nurl = \"{AMQP_URL}\"\nreconnect_min = \"100ms\"\nreconnect_max = \"1s\"\n"
+        "namespace = \"{ns}\"\nshutdown_grace = \"5s\"\nprefetch = 100\n{extra_main}\n[amqp]\nurl = \"{}\"\nreconnect_min = \"100ms\"\nreconnect_max = \"1s\"\n",
+        amqp_url()
     );
     std::fs::write(dir.join("ladder.toml"), main).unwrap();
     std::fs::create_dir_all(dir.join("ladders")).unwrap();
     std::fs::write(
         dir.join("ladders").join(format!("{ladder}.toml")),
-        ladder_toml.replace("{ns}", ns),
+        with_test_levels(&ladder_toml.replace("{ns}", ns)),
     )
     .unwrap();
     dir.join("ladder.toml")
+}
+
+/// `ladder_toml` with `exact_delays = false` first unless it sets `exact_delays` itself (see
+/// [`write_config`]).
+pub fn with_test_levels(ladder_toml: &str) -> String {
+    if ladder_toml.contains("exact_delays") {
+        ladder_toml.to_string()
+    } else {
+        format!("exact_delays = false\n{ladder_toml}")
+    }
 }
 
 /// A ladder in its own namespace, the service serving it, and a test client.
@@ -133,7 +145,7 @@ impl TestLadder {
         let config = ladder::config::load(&path, &HashMap::new()).expect("test config is valid");
         let client = connect().await;
         let channel = client.create_channel().await.unwrap();
-        channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+        channel.confirm_select().await.unwrap();
         TestLadder {
             ns,
             ladder: "default".into(),
@@ -181,8 +193,8 @@ impl TestLadder {
         let q = self.queue_name(name);
         self.channel
             .queue_declare(
-                q.as_str().into(),
-                QueueDeclareOptions {
+                &q,
+                QueueOptions {
                     durable: true,
                     ..Default::default()
                 },
@@ -212,17 +224,8 @@ impl TestLadder {
     }
 
     /// A consumer on `queue` on a channel of its own, with a bounded prefetch.
-    pub async fn consume(&self, queue: &str) -> Consumer {
-        let ch = self.client.create_channel().await.unwrap();
-        ch.basic_qos(50, BasicQosOptions::default()).await.unwrap();
-        ch.basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap()
+    pub async fn consume(&self, queue: &str) -> TestConsumer {
+        consume(&self.client, queue).await
     }
 
     /// Reads the parking lot from the start until `count` envelopes arrived (or panics at `WAIT`).
@@ -246,7 +249,7 @@ impl Drop for TestLadder {
 /// The queues and the exchanges `config` declares, for cleanup.
 pub fn declared_names(config: &Config) -> (Vec<String>, Vec<String>) {
     let (mut queues, mut exchanges) = (vec![], vec![]);
-    for d in topology::plan(config) {
+    for d in topology::plan(config, topology::BrokerVersion::LATEST) {
         match d {
             Declaration::Queue { name, .. } => queues.push(name),
             Declaration::Exchange { name, .. } => exchanges.push(name),
@@ -271,42 +274,35 @@ pub fn delete_all_blocking(queues: Vec<String>, exchanges: Vec<String>) {
 
 /// Deletes queues and exchanges, ignoring those already gone.
 pub async fn delete_all(queues: Vec<String>, exchanges: Vec<String>) {
-    let Ok(Ok(conn)) = tokio::time::timeout(WAIT, Connection::connect(AMQP_URL, ConnectionProperties::default())).await
-    else {
+    let Ok(options) = amqp_url().parse().map(ConnectOptions::new) else {
         return;
     };
+    let Ok(Ok(conn)) = tokio::time::timeout(WAIT, Connection::connect(&options)).await else {
+        return;
+    };
+    delete_on(&conn, queues, exchanges).await;
+    let _ = tokio::time::timeout(WAIT, conn.close(200, "cleanup")).await;
+}
+
+/// Deletes queues and exchanges on `conn`, ignoring those already gone.
+pub async fn delete_on(conn: &Connection, queues: Vec<String>, exchanges: Vec<String>) {
     for q in queues {
         // a failed delete closes the channel, so use one per object
         if let Ok(ch) = conn.create_channel().await {
-            let _ = tokio::time::timeout(WAIT, ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default())).await;
+            let _ = tokio::time::timeout(WAIT, ch.queue_delete(&q)).await;
         }
     }
     for e in exchanges {
         if let Ok(ch) = conn.create_channel().await {
-            let _ = tokio::time::timeout(
-                WAIT,
-                ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()),
-            )
-            .await;
+            let _ = tokio::time::timeout(WAIT, ch.exchange_delete(&e)).await;
         }
     }
-    let _ = conn.close(200, "cleanup".into()).await;
 }
 
 pub async fn publish(channel: &Channel, exchange: &str, routing_key: &str, body: &[u8], props: BasicProperties) {
     let confirm = tokio::time::timeout(WAIT, async {
         channel
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                body,
-                props,
-            )
-            .await
+            .basic_publish(exchange, routing_key, true, &props, body)
             .unwrap()
             .await
             .unwrap()
@@ -315,14 +311,48 @@ pub async fn publish(channel: &Channel, exchange: &str, routing_key: &str, body:
     .expect("publish confirm timed out");
     assert_eq!(
         confirm,
-        Confirmation::Ack(None),
+        Confirmation::Ack,
         "publish to {exchange:?}/{routing_key:?} was not routed"
     );
 }
 
+/// A consumer and the channel it acks on.
+pub struct TestConsumer {
+    pub channel: Channel,
+    pub consumer: Consumer,
+}
+
+impl TestConsumer {
+    /// Acks `d`.
+    pub fn ack(&self, d: &Delivery) {
+        self.channel.basic_ack(d.delivery_tag, false).unwrap();
+    }
+
+    /// Rejects `d`, requeueing it or not.
+    pub fn reject(&self, d: &Delivery, requeue: bool) {
+        self.channel.basic_reject(d.delivery_tag, requeue).unwrap();
+    }
+
+    /// Nacks `d`, requeueing it or not.
+    pub fn nack(&self, d: &Delivery, requeue: bool) {
+        self.channel.basic_nack(d.delivery_tag, false, requeue).unwrap();
+    }
+}
+
+/// A consumer on `queue` on a channel of its own, with a bounded prefetch.
+pub async fn consume(conn: &Connection, queue: &str) -> TestConsumer {
+    let channel = conn.create_channel().await.unwrap();
+    channel.basic_qos(50).await.unwrap();
+    let consumer = channel
+        .basic_consume(queue, "", false, FieldTable::default())
+        .await
+        .unwrap();
+    TestConsumer { channel, consumer }
+}
+
 /// The next delivery, or `None` after `within`.
-pub async fn next_within(consumer: &mut Consumer, within: Duration) -> Option<Delivery> {
-    match tokio::time::timeout(within, consumer.next()).await {
+pub async fn next_within(consumer: &mut TestConsumer, within: Duration) -> Option<Delivery> {
+    match tokio::time::timeout(within, consumer.consumer.next()).await {
         Ok(Some(Ok(d))) => Some(d),
         Ok(Some(Err(e))) => panic!("consumer failed: {e}"),
         Ok(None) => panic!("consumer cancelled"),
@@ -331,76 +361,254 @@ pub async fn next_within(consumer: &mut Consumer, within: Duration) -> Option<De
 }
 
 /// The next delivery; panics after [`WAIT`].
-pub async fn next(consumer: &mut Consumer) -> Delivery {
+pub async fn next(consumer: &mut TestConsumer) -> Delivery {
     next_within(consumer, WAIT).await.expect("no delivery within the wait")
+}
+
+/// The next `count` deliveries on `consumer`, acked, each with the instant it arrived; panics
+/// if they take longer than [`WAIT`] in all.
+pub async fn receive_timed(consumer: &mut TestConsumer, count: usize) -> Vec<(Instant, Delivery)> {
+    let mut got = Vec::with_capacity(count);
+    let received = tokio::time::timeout(WAIT, async {
+        while got.len() < count {
+            let d = next(consumer).await;
+            got.push((Instant::now(), d));
+            consumer.ack(&got[got.len() - 1].1);
+        }
+    })
+    .await;
+    assert!(
+        received.is_ok(),
+        "only {} of {count} deliveries arrived within {WAIT:?}",
+        got.len()
+    );
+    got
+}
+
+/// The next `count` deliveries on `consumer`, acked; panics if they take longer than [`WAIT`].
+pub async fn receive(consumer: &mut TestConsumer, count: usize) -> Vec<Delivery> {
+    receive_timed(consumer, count)
+        .await
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect()
 }
 
 /// Reads `count` envelopes from a parked stream, from its first offset.
 pub async fn read_parked(conn: &Connection, stream: &str, count: usize) -> Vec<Envelope> {
-    let ch = conn.create_channel().await.unwrap();
-    ch.basic_qos(500, BasicQosOptions::default()).await.unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    channel.basic_qos(500).await.unwrap();
     let mut args = FieldTable::default();
-    args.insert(
-        "x-stream-offset".into(),
-        AMQPValue::LongString(LongString::from("first")),
-    );
-    let mut consumer = ch
-        .basic_consume(stream.into(), "".into(), BasicConsumeOptions::default(), args)
-        .await
-        .unwrap();
+    args.set("x-stream-offset", FieldValue::string("first"));
+    let consumer = channel.basic_consume(stream, "", false, args).await.unwrap();
+    let mut consumer = TestConsumer { channel, consumer };
     let mut out = Vec::with_capacity(count);
-    let deadline = Instant::now() + WAIT;
-    while out.len() < count {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Some(d) = next_within(&mut consumer, left).await else {
-            panic!("only {} of {count} parked messages arrived in {stream}", out.len());
-        };
-        out.push(Envelope::from_slice(&d.data).expect("a parked record is an envelope"));
-        d.acker.ack(Default::default()).await.unwrap();
-    }
-    let _ = ch.close(200, "read".into()).await;
+    let read = tokio::time::timeout(WAIT, async {
+        while out.len() < count {
+            let d = next(&mut consumer).await;
+            consumer.ack(&d);
+            // resolutions, markers and bodies stored apart are records of the stream too
+            if d.properties.kind.as_ref().and_then(|k| k.to_str()) != Some(ladder::model::envelope::FORMAT) {
+                continue;
+            }
+            out.push(Envelope::from_slice(&d.body).expect("a parked record is an envelope"));
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "only {} of {count} parked messages arrived in {stream}",
+        out.len()
+    );
+    let _ = consumer.channel.close(200, "read").await;
     out
 }
 
-/// Polls `condition` every 20 ms; panics after [`WAIT`].
-pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// The first pause between two probes of [`eventually`]; it doubles after every probe up to
+/// [`POLL_MAX`]. Short, so that a condition that is nearly true when the wait starts (a service
+/// that is almost ready) costs next to nothing.
+const POLL_MIN: Duration = Duration::from_millis(10);
+
+/// The longest pause between two probes: a slow condition is seen within this of coming true,
+/// without a probe (a passive declare, an HTTP request, a fresh index of a parking lot) every
+/// few milliseconds loading the two-core machine that runs the other tests beside it.
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Probes until `probe` answers `Ok`, for at most `within` in all: its value, or, when time ran
+/// out, the last `Err` it answered (`None` if it answered none in time). A probe still running
+/// at the end is cut short: the wait is bounded even if the probe is not.
+///
+/// The building block of [`eventually`] and [`eventually_ok`], for a caller that words its own
+/// failure or does something else when time runs out.
+pub async fn poll_until<T, E>(within: Duration, probe: impl AsyncFnMut() -> Result<T, E>) -> Result<T, Option<E>> {
+    poll(within, probe, |answer| answer).await
+}
+
+/// Probes until `probe` answers `Some`, for at most `within`, and returns what it answered;
+/// panics naming `what` (a condition: "the service is ready") when time runs out.
+pub async fn eventually<T>(what: &str, within: Duration, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    match poll(within, probe, |answer| answer.ok_or(())).await {
+        Ok(value) => value,
+        Err(_) => panic!("timed out after {within:?} waiting until {what}"),
     }
 }
 
-/// A header value as a long string.
-pub fn text(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes()))
+/// Like [`eventually`], for a probe that says what it saw instead (`Err`): the panic shows the
+/// last of it, which is what tells a slow condition from a wrong one.
+pub async fn eventually_ok<T, E: std::fmt::Display>(
+    what: &str,
+    within: Duration,
+    probe: impl AsyncFnMut() -> Result<T, E>,
+) -> T {
+    match poll_until(within, probe).await {
+        Ok(value) => value,
+        Err(Some(last)) => panic!("timed out after {within:?} waiting until {what}; last seen: {last}"),
+        Err(None) => panic!("timed out after {within:?} waiting until {what}; the probe never answered"),
+    }
 }
 
-pub fn headers_of(d: &Delivery) -> &std::collections::BTreeMap<lapin::types::ShortString, AMQPValue> {
-    d.properties.headers().as_ref().expect("headers").inner()
+/// [`eventually`] for a condition that needs no I/O, bounded by [`WAIT`].
+///
+/// Its own loop rather than `eventually` with an async closure: rustc cannot yet prove the
+/// future of a generic `AsyncFnMut` `Send` for every lifetime, so a task that awaits
+/// [`eventually`] cannot be `tokio::spawn`ed, and one that awaits this can.
+pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let mut pacer = Pacer::new(WAIT);
+    while !condition() {
+        assert!(pacer.pause().await, "timed out after {WAIT:?} waiting until {what}");
+    }
+}
+
+/// The loop of [`poll_until`]: `verdict` turns what `probe` answered into done (`Ok`) or not yet.
+async fn poll<A, T, E>(
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> A,
+    verdict: impl Fn(A) -> Result<T, E>,
+) -> Result<T, Option<E>> {
+    let mut pacer = Pacer::new(within);
+    let mut last = None;
+    loop {
+        // a zero timeout still polls the probe once: the last probe runs at the deadline
+        match tokio::time::timeout(pacer.left(), probe()).await {
+            Ok(answer) => match verdict(answer) {
+                Ok(value) => return Ok(value),
+                Err(seen) => last = Some(seen),
+            },
+            Err(_) => return Err(last),
+        }
+        if !pacer.pause().await {
+            return Err(last);
+        }
+    }
+}
+
+/// The pauses of a bounded poll: from [`POLL_MIN`], doubling to [`POLL_MAX`], none past the deadline.
+struct Pacer {
+    deadline: tokio::time::Instant,
+    pause: Duration,
+}
+
+impl Pacer {
+    fn new(within: Duration) -> Self {
+        Pacer {
+            deadline: tokio::time::Instant::now() + within,
+            pause: POLL_MIN,
+        }
+    }
+
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    /// Sleeps until the next probe is due; `false`, at once, if the deadline has passed.
+    async fn pause(&mut self) -> bool {
+        let left = self.left();
+        if left.is_zero() {
+            return false;
+        }
+        tokio::time::sleep(self.pause.min(left)).await;
+        self.pause = (self.pause * 2).min(POLL_MAX);
+        true
+    }
+}
+
+/// A failure as a consumer publishes it to a ladder's intake: `retry-to` the queue, and
+/// `retry-attempt` when given.
+pub fn retry_props(to: &str, attempt: Option<i64>) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.set("retry-to", text(to));
+    if let Some(attempt) = attempt {
+        headers.set("retry-attempt", FieldValue::LongLongInt(attempt));
+    }
+    BasicProperties::default().with_headers(headers)
+}
+
+/// `ladder --config <config>` as the tests run it: the binary cargo built for them, stdin
+/// closed, without the caller's `LADDER_*` overrides (a developer's shell must not change what
+/// a test runs) or `RUST_MIN_STACK` (the binary sizes its own thread stacks).
+pub fn ladder_command(config: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ladder"));
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("LADDER_")) {
+        command.env_remove(key);
+    }
+    command
+        .arg("--config")
+        .arg(config)
+        .env_remove("RUST_MIN_STACK")
+        .stdin(std::process::Stdio::null());
+    command
+}
+
+/// Runs [`ladder_command`] with `args` and `env` to its end, within [`WAIT`]: what it printed
+/// and how it exited.
+pub async fn run_ladder(config: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = tokio::process::Command::from(ladder_command(config));
+    command.args(args).envs(env.iter().copied()).kill_on_drop(true);
+    tokio::time::timeout(WAIT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("ladder {args:?} did not exit within {WAIT:?}"))
+        .expect("the ladder binary runs")
+}
+
+/// A header value as a long string.
+pub fn text(s: &str) -> FieldValue {
+    FieldValue::string(s)
+}
+
+pub fn headers_of(d: &Delivery) -> &FieldTable {
+    d.properties.headers.as_ref().expect("headers")
 }
 
 /// The ms since epoch of a `retry-*` integer header.
 pub fn int_header(d: &Delivery, key: &str) -> Option<i64> {
-    match d.properties.headers().as_ref()?.inner().get(key)? {
-        AMQPValue::LongLongInt(n) => Some(*n),
+    match d.properties.headers.as_ref()?.get(key)? {
+        FieldValue::LongLongInt(n) => Some(*n),
         other => panic!("{key} is {other:?}"),
     }
 }
 
 /// Properties of a message as a consumer republishes it on failure: as received, plus headers.
-pub fn republish_props(d: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicProperties {
-    let mut headers = d.properties.headers().clone().unwrap_or_default();
+pub fn republish_props(d: &Delivery, extra: &[(&str, FieldValue)]) -> BasicProperties {
+    let mut headers = d.properties.headers.clone().unwrap_or_default();
     for (k, v) in extra {
-        headers.insert((*k).into(), v.clone());
+        headers.set(k, v.clone());
     }
     d.properties.clone().with_headers(headers)
 }
 
+/// A message id as text.
+pub fn message_id(d: &Delivery) -> &str {
+    d.properties
+        .message_id
+        .as_ref()
+        .and_then(|m| m.to_str())
+        .expect("a UTF-8 message id")
+}
+
 impl TestLadder {
     /// The parking lot of this test's ladder, read through the library on the test's connection.
-    pub fn lot(&self) -> ladder::parking::ParkingLot<'_> {
-        ladder::parking::ParkingLot::new(&self.client, &self.ns, &self.config.ladders[0])
+    pub fn lot(&self) -> ladder::broker::lot::ParkingLot<'_> {
+        ladder::broker::lot::ParkingLot::new(&self.client, &self.config.amqp, &self.ns, &self.config.ladders[0])
     }
 
     /// The config file the service runs with, for tests that run the binary against it.
@@ -412,22 +620,12 @@ impl TestLadder {
 /// How many messages `queue` holds now (a passive declare on a channel of its own).
 pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
     let ch = conn.create_channel().await.unwrap();
-    let q = tokio::time::timeout(
-        WAIT,
-        ch.queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        ),
-    )
-    .await
-    .expect("passive declare timed out")
-    .expect("the queue exists");
-    let _ = ch.close(200, "depth".into()).await;
-    q.message_count()
+    let q = tokio::time::timeout(WAIT, ch.queue_inspect(queue))
+        .await
+        .expect("passive declare timed out")
+        .expect("the queue exists");
+    let _ = ch.close(200, "depth").await;
+    q.message_count
 }
 
 /// The admin server (with its poller and parking-lot followers) of a test, on an ephemeral

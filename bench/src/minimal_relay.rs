@@ -1,0 +1,123 @@
+//! The minimal relay (`ladder-bench relay`): the same two hops as the ladder over the same
+//! topology, with nothing else — the physical limit of this design on this broker.
+//!
+//! intake: consume `N.L.intake` → publish to `N.L.tiers` with the tier as routing key (and the
+//! `retry-due-at` header the destination measures lateness against) → confirm → ack.
+//! due: consume `N.L.due` → publish to the default exchange with `retry-to` as routing key →
+//! confirm → ack. No validation, no header stripping, no telemetry, no parking. Same prefetch,
+//! same persistent mandatory publishes and the same many-in-flight structure as the ladder, so
+//! the difference measured is the ladder's own work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use ladder_amqp::{Channel, Confirmation, Connection, Delivery, FieldTable, FieldValue};
+
+use crate::broker::{OP_TIMEOUT, bounded, confirm_channel, connect};
+use crate::now_ms;
+
+/// What the relay subcommand is told.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RelayArgs {
+    /// Broker.
+    #[arg(long)]
+    pub url: String,
+    /// `N.L.intake`.
+    #[arg(long)]
+    pub intake_queue: String,
+    /// `N.L.due`.
+    #[arg(long)]
+    pub due_queue: String,
+    /// `N.L.tiers`.
+    #[arg(long)]
+    pub tiers_exchange: String,
+    /// The tier's routing key (`1s`).
+    #[arg(long)]
+    pub tier: String,
+    /// The tier's TTL, for `retry-due-at`.
+    #[arg(long)]
+    pub ttl_ms: u64,
+    /// Unacked deliveries per consumer (the ladder's default).
+    #[arg(long, default_value_t = 200)]
+    pub prefetch: u16,
+}
+
+#[derive(Clone, Copy)]
+enum Hop {
+    Intake,
+    Due,
+}
+
+/// Runs both hops until the connection fails or the parent goes away.
+///
+/// Each hop is a task of its own on the multi-threaded runtime, as in the ladder's supervisor,
+/// so both pay the same thread hand-offs.
+pub async fn run(args: RelayArgs) -> Result<()> {
+    let conn = connect(&args.url, "ladder-bench-relay").await?;
+    let args = Arc::new(args);
+    let intake = tokio::spawn(hop_loop(conn.clone(), args.clone(), Hop::Intake));
+    let due = tokio::spawn(hop_loop(conn, args, Hop::Due));
+    let (a, b) = tokio::try_join!(intake, due)?;
+    a.and(b)
+}
+
+async fn hop_loop(conn: Connection, args: Arc<RelayArgs>, hop: Hop) -> Result<()> {
+    let args = &*args;
+    let ch = confirm_channel(&conn).await?;
+    bounded("basic.qos", OP_TIMEOUT, ch.basic_qos(args.prefetch)).await?;
+    let queue = match hop {
+        Hop::Intake => &args.intake_queue,
+        Hop::Due => &args.due_queue,
+    };
+    let mut consumer = bounded(
+        "basic.consume",
+        OP_TIMEOUT,
+        ch.basic_consume(queue, "", false, FieldTable::new()),
+    )
+    .await?;
+    let mut in_flight = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(done) = in_flight.next() => { let done: ladder_amqp::Result<()> = done; done? }
+            next = consumer.next() => match next {
+                Some(Ok(d)) => in_flight.push(relay_one(hop, args, ch.clone(), d)),
+                Some(Err(e)) => return Err(e.into()),
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+async fn relay_one(hop: Hop, args: &RelayArgs, ch: Channel, d: Delivery) -> ladder_amqp::Result<()> {
+    let (exchange, routing_key, properties) = match hop {
+        Hop::Intake => {
+            let mut headers = d.properties.headers.clone().unwrap_or_default();
+            headers.set("retry-due-at", FieldValue::LongLongInt((now_ms() + args.ttl_ms) as i64));
+            (
+                args.tiers_exchange.as_str(),
+                args.tier.clone(),
+                d.properties.clone().with_headers(headers),
+            )
+        }
+        Hop::Due => {
+            let to = match d.properties.headers.as_ref().and_then(|h| h.get("retry-to")) {
+                Some(FieldValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                _ => String::new(),
+            };
+            ("", to, d.properties.clone())
+        }
+    };
+    let confirm = ch
+        .basic_publish(exchange, &routing_key, true, &properties, &d.body)?
+        .await?;
+    if !matches!(confirm, Confirmation::Ack | Confirmation::Returned(_)) {
+        // not expected in the benchmark; hand it back like the ladder would retry it
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return ch.basic_nack(d.delivery_tag, false, true);
+    }
+    ch.basic_ack(d.delivery_tag, false)
+}

@@ -1,0 +1,847 @@
+//! The parking-lot HTTP JSON API on the admin server — the CLI's `ladder parked` operations for
+//! scripts and tools:
+//!
+//! - `GET  /api/ladders/{ladder}/parked` — a page of entries, newest first, and the total;
+//! - `GET  /api/ladders/{ladder}/parked/counts` — the matching entries counted in all, per
+//!   destination and per reason;
+//! - `GET  /api/ladders/{ladder}/parked/{offset}` — one entry in full;
+//! - `POST /api/ladders/{ladder}/parked/replay` — replay by offsets and/or a filter;
+//! - `POST /api/ladders/{ladder}/parked/discard` — discard by offsets and/or a filter;
+//! - `GET  /api/ladders/{ladder}/parked/jobs[/{id}]` — replays and discards running or ended;
+//! - `GET  /api/openapi.json` — this API described (OpenAPI 3, [`crate::admin::openapi`]).
+//!
+//! Every error under `/api` is `{"error": "..."}` JSON: the handlers' own, the extractors'
+//! (a body, path or query that does not parse is 400, never axum's text/plain 400 or 422; a
+//! body that is not `application/json` is 415), and the router's (no such route 404, a method
+//! the route does not take 405), which [`json_errors`] rewrites.
+//!
+//! Reading is open to whoever reaches the admin server (it binds to loopback by default);
+//! replay and discard need `Authorization: Bearer <token>` with a token from `admin.tokens`, and
+//! the token's name is who asked, in the log and the resolution record. The query parsing and
+//! the token check here are shared with the web page ([`crate::admin::web`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State as Extract};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tracing::warn;
+
+use crate::admin::desk::{Job, JobView};
+use crate::admin::state::AdminState;
+use crate::broker::lot::{ErrorKind, Page, PageRequest, ParkingError, ReplayOptions};
+use crate::config::OperatorToken;
+use crate::model::lot::filter::{Filter, FilterInput};
+use crate::model::lot::index::Counts;
+use crate::model::lot::record::ParkedEntry;
+
+/// Entries per page unless the request says otherwise.
+pub const DEFAULT_PAGE_SIZE: usize = 50;
+
+/// The largest page a request may ask for: each entry is read from the stream and rendered, so
+/// this bounds a request's work and memory; more is paged.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+/// A listing request: which entries, which page, resolved ones too or not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListQuery {
+    /// Which entries.
+    pub filter: Filter,
+    /// Which page.
+    pub page: PageRequest,
+    /// Include replayed and discarded entries.
+    pub include_resolved: bool,
+}
+
+/// Parses a listing's query parameters: `destination`, `reason`, `message_id`,
+/// `correlation_id`, `header` (`key=value`, repeatable), `body`, `since`, `until` (RFC 3339 or
+/// a duration ago), `offset`, `limit`, `resolved` (`include`). Empty values are ignored, as a
+/// form submits every field.
+pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery, ParkingError> {
+    let mut input = FilterInput::default();
+    let mut page = PageRequest {
+        offset: 0,
+        limit: DEFAULT_PAGE_SIZE,
+    };
+    let mut include_resolved = false;
+    let number = |key: &str, value: &str| {
+        value
+            .parse::<usize>()
+            .map_err(|_| ParkingError::Invalid(format!("{key} must be a whole number, got {value:?}")))
+    };
+    for (key, value) in pairs {
+        let value = value.trim();
+        if value.is_empty() || input.set(key, value)? {
+            continue;
+        }
+        match key.as_str() {
+            "offset" => page.offset = number(key, value)?,
+            "limit" => page.limit = number(key, value)?,
+            "resolved" => {
+                include_resolved = match value {
+                    "include" | "true" | "yes" | "on" => true,
+                    "false" | "no" | "off" => false,
+                    other => {
+                        return Err(ParkingError::Invalid(format!(
+                            "resolved is include (or true, yes, on) or false (no, off), got {other:?}"
+                        )));
+                    }
+                }
+            }
+            other => return Err(ParkingError::Invalid(format!("unknown query parameter {other:?}"))),
+        }
+    }
+    if page.limit > MAX_PAGE_SIZE {
+        return Err(ParkingError::Invalid(format!(
+            "limit is {}; at most {MAX_PAGE_SIZE}",
+            page.limit
+        )));
+    }
+    Ok(ListQuery {
+        filter: input.build(now_ms)?,
+        page,
+        include_resolved,
+    })
+}
+
+/// Why a replay or discard over HTTP is refused before it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// No token presented.
+    Missing,
+    /// A token that matches none configured (or none is configured).
+    Wrong,
+}
+
+/// The name of the configured token equal to `presented`. Every configured token is compared,
+/// in constant time, so the answer's timing does not say how close a guess was.
+pub fn authorize<'a>(tokens: &'a [OperatorToken], presented: Option<&str>) -> Result<&'a str, Denied> {
+    let presented = presented
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .ok_or(Denied::Missing)?;
+    let mut found = None;
+    for t in tokens {
+        if bool::from(t.token.as_bytes().ct_eq(presented.as_bytes())) {
+            found = Some(t.name.as_str());
+        }
+    }
+    found.ok_or(Denied::Wrong)
+}
+
+/// An error as JSON, `{"error": "..."}`, with the status that fits it.
+pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    /// The HTTP status for a parking-lot error.
+    pub fn status(e: &ParkingError) -> StatusCode {
+        Self::status_of(e.kind())
+    }
+
+    /// The HTTP status for a kind of failure.
+    pub fn status_of(kind: ErrorKind) -> StatusCode {
+        match kind {
+            ErrorKind::Caller => StatusCode::BAD_REQUEST,
+            ErrorKind::Missing => StatusCode::NOT_FOUND,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<ParkingError> for ApiError {
+    fn from(e: ParkingError) -> Self {
+        ApiError(ApiError::status(&e), e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.0, Json(json!({ "error": self.1 }))).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// The most of an error response's text [`json_errors`] reads to rewrap it (axum's rejections
+/// are a line; anything longer is cut).
+const MAX_ERROR_TEXT: usize = 16 * 1024;
+
+/// Whether `path` is the JSON API's, whose every error [`json_errors`] makes JSON.
+pub(crate) fn is_api_path(path: &str) -> bool {
+    path == "/api" || path.starts_with("/api/")
+}
+
+/// Middleware: an error answered under `/api` that is not JSON yet — the router's 404 (no such
+/// route) and 405 (a method the route does not take; axum adds `Allow` after this layer), or a
+/// rejection of any inner layer — becomes `{"error": "..."}` with the same status and headers.
+/// A 422 becomes 400: the API answers every request it cannot read with 400 (README "Over
+/// HTTP"). Other paths (the web page, health, metrics) are left alone.
+pub(crate) async fn json_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if !is_api_path(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_ERROR_TEXT)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = match status {
+        StatusCode::NOT_FOUND if text.is_empty() => format!("no such resource: {method} {path}"),
+        // axum adds `Allow` after this layer has run
+        StatusCode::METHOD_NOT_ALLOWED => format!("method {method} is not allowed on {path} (see Allow)"),
+        _ if text.is_empty() => status.canonical_reason().unwrap_or("error").to_lowercase(),
+        _ => lowercase_first(&text),
+    };
+    parts.status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    let body = serde_json::to_vec(&json!({ "error": message })).unwrap_or_default();
+    Response::from_parts(parts, axum::body::Body::from(body))
+}
+
+/// `Failed to parse …` as `failed to parse …`: error messages start lowercase (STYLE.md),
+/// axum's do not.
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) if !chars.as_str().starts_with(|c: char| c.is_uppercase()) => {
+            first.to_lowercase().chain(chars).collect()
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// A JSON request body whose rejections are [`ApiError`]s: not JSON, or not the fields and
+/// types the request takes → 400; no `Content-Type: application/json` → 415; too large → 413.
+pub(crate) struct ApiJson<T>(pub(crate) T);
+
+impl<S, T> axum::extract::FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        use axum::extract::rejection::JsonRejection;
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a valid request: {}", source_text(&e)),
+            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not JSON: {}", source_text(&e)),
+            )),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "the body must be JSON, with Content-Type: application/json".into(),
+            )),
+            Err(other) => Err(ApiError(other.status(), lowercase_first(&other.body_text()))),
+        }
+    }
+}
+
+/// The innermost error's text (axum wraps serde's in a sentence of its own).
+fn source_text(error: &dyn std::error::Error) -> String {
+    let mut innermost = error;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    innermost.to_string()
+}
+
+/// Path parameters whose rejections are [`ApiError`]s: a non-numeric offset or job id is 400.
+pub(crate) struct ApiPath<T>(pub(crate) T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned + Send,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        use axum::extract::path::ErrorKind as PathError;
+        use axum::extract::rejection::PathRejection;
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                let message = match e.kind() {
+                    PathError::ParseErrorAtKey { key, value, .. } => {
+                        format!("{key} must be a whole number, got {value:?}")
+                    }
+                    PathError::InvalidUtf8InPathParam { key } => format!("{key} is not UTF-8"),
+                    _ => lowercase_first(&e.body_text()),
+                };
+                Err(ApiError(e.status(), message))
+            }
+            Err(other) => Err(ApiError(other.status(), lowercase_first(&other.body_text()))),
+        }
+    }
+}
+
+/// The query string as pairs, whose rejection (not `application/x-www-form-urlencoded`) is an
+/// [`ApiError`].
+pub(crate) struct ApiQuery(pub(crate) Vec<(String, String)>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ApiQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<Vec<(String, String)>>::from_request_parts(parts, state).await {
+            Ok(Query(pairs)) => Ok(ApiQuery(pairs)),
+            Err(e) => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("the query string does not parse: {}", source_text(&e)),
+            )),
+        }
+    }
+}
+
+/// `{ladder}` in a path.
+#[derive(Deserialize)]
+pub(crate) struct LadderPath {
+    ladder: String,
+}
+
+/// `{ladder}/parked/{offset}` in a path.
+#[derive(Deserialize)]
+pub(crate) struct EntryPath {
+    ladder: String,
+    offset: u64,
+}
+
+/// `{ladder}/parked/jobs/{id}` in a path.
+#[derive(Deserialize)]
+pub(crate) struct JobPath {
+    ladder: String,
+    id: u64,
+}
+
+/// The listing's answer.
+#[derive(Debug, Serialize)]
+pub(crate) struct ListView {
+    total: u64,
+    entries: Vec<ParkedEntry>,
+    /// How far this replica's index has read the stream.
+    indexed_entries: usize,
+    next_offset: Option<u64>,
+    /// Whether this replica's index has read the whole stream yet (counts are partial until).
+    caught_up: bool,
+}
+
+pub(crate) async fn list(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
+    ApiQuery(pairs): ApiQuery,
+) -> Result<Json<ListView>, ApiError> {
+    let q = parse_query(&pairs, crate::clock::now_ms())?;
+    let Page { total, entries } = state.desk.list(&ladder, &q.filter, q.page, q.include_resolved).await?;
+    let status = state.desk.status(&ladder)?;
+    Ok(Json(ListView {
+        total,
+        entries,
+        indexed_entries: status.entries,
+        next_offset: status.next_offset,
+        caught_up: status.caught_up,
+    }))
+}
+
+/// The counts' answer.
+#[derive(Debug, Serialize)]
+pub(crate) struct CountsView {
+    #[serde(flatten)]
+    counts: Counts,
+    /// How far this replica's index has read the stream.
+    indexed_entries: usize,
+    /// Whether this replica's index has read the whole stream yet (counts are partial until).
+    caught_up: bool,
+}
+
+/// `GET /api/ladders/{ladder}/parked/counts`: the listing's filters; `offset` and `limit` do
+/// not apply.
+pub(crate) async fn counts(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
+    ApiQuery(pairs): ApiQuery,
+) -> Result<Json<CountsView>, ApiError> {
+    let q = parse_query(&pairs, crate::clock::now_ms())?;
+    let counts = state.desk.counts(&ladder, &q.filter, q.include_resolved).await?;
+    let status = state.desk.status(&ladder)?;
+    Ok(Json(CountsView {
+        counts,
+        indexed_entries: status.entries,
+        caught_up: status.caught_up,
+    }))
+}
+
+pub(crate) async fn show(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(EntryPath { ladder, offset }): ApiPath<EntryPath>,
+) -> Result<Json<ParkedEntry>, ApiError> {
+    Ok(Json(state.desk.show(&ladder, offset).await?))
+}
+
+/// The original body of one entry, as bytes (`application/octet-stream`): from its envelope, or
+/// read back from the stream when it was stored apart.
+pub(crate) async fn body(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(EntryPath { ladder, offset }): ApiPath<EntryPath>,
+) -> Result<axum::response::Response, ApiError> {
+    let entry = state.desk.show(&ladder, offset).await?;
+    let bytes = entry.body().map_err(ParkingError::from)?.into_owned();
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// `POST …/replay` and `POST …/discard`: which entries (offsets, filter fields, or both — both
+/// narrow), and how. Every field is named here, so a misspelt one is refused rather than
+/// ignored (an ignored `destinaton` would widen the selection).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ActionRequest {
+    #[serde(default)]
+    offsets: Vec<u64>,
+    #[serde(default)]
+    destination: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message_id: Option<String>,
+    #[serde(default)]
+    correlation_id: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    body_contains: Option<String>,
+    #[serde(default)]
+    since: Option<String>,
+    #[serde(default)]
+    until: Option<String>,
+    /// Replay only: another queue to send to.
+    #[serde(default)]
+    to: Option<String>,
+    /// Replay only: at most this many per second or minute.
+    #[serde(default)]
+    rate: Option<String>,
+    /// Replay only: say what would be replayed.
+    #[serde(default)]
+    dry_run: bool,
+    /// How long to wait for the job before answering 202 (at most [`JOB_WAIT`], the default).
+    #[serde(default)]
+    wait: Option<String>,
+}
+
+impl ActionRequest {
+    fn filter(&mut self) -> Result<Filter, ParkingError> {
+        let input = FilterInput {
+            offsets: std::mem::take(&mut self.offsets),
+            destination: self.destination.take(),
+            reason: self.reason.take(),
+            message_id: self.message_id.take(),
+            correlation_id: self.correlation_id.take(),
+            headers: std::mem::take(&mut self.headers).into_iter().collect(),
+            body_contains: self.body_contains.take(),
+            since: self.since.take(),
+            until: self.until.take(),
+        };
+        Ok(input.build(crate::clock::now_ms())?)
+    }
+}
+
+/// The `wait` of a request: a duration up to [`JOB_WAIT`] (longer waits are cut to it).
+fn job_wait(wait: Option<&str>) -> Result<std::time::Duration, ParkingError> {
+    match wait {
+        None => Ok(JOB_WAIT),
+        Some(w) => humantime::parse_duration(w)
+            .map(|w| w.min(JOB_WAIT))
+            .map_err(|e| ParkingError::Invalid(format!("wait {w:?} is not a duration like \"5s\": {e}"))),
+    }
+}
+
+/// The token of an `Authorization` value in the `Bearer` scheme, whose name is case-insensitive
+/// (RFC 9110 §11.1): `Bearer t`, `bearer t`, `BEARER  t`.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The caller's name from `Authorization: Bearer <token>`, or the refusal (logged).
+fn caller(state: &AdminState, headers: &HeaderMap, ladder: &str, what: &str) -> Result<String, ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| bearer_token(v).unwrap_or(""));
+    match authorize(&state.config.admin.tokens, presented) {
+        Ok(name) => Ok(name.to_string()),
+        Err(Denied::Missing) => {
+            warn!(ladder, "{what} over HTTP refused: no bearer token");
+            Err(ApiError(
+                StatusCode::UNAUTHORIZED,
+                format!("{what} needs Authorization: Bearer <token> with a token from admin.tokens"),
+            ))
+        }
+        Err(Denied::Wrong) => {
+            warn!(
+                ladder,
+                "{what} over HTTP refused: the token matches none in admin.tokens"
+            );
+            Err(ApiError(
+                StatusCode::FORBIDDEN,
+                "the token matches none in admin.tokens".into(),
+            ))
+        }
+    }
+}
+
+/// How long a replay or discard request waits for its job: one that ends sooner is answered
+/// with its outcomes (200); a longer one with `202 Accepted` and its job, to follow at
+/// `…/parked/jobs/{id}`. The job runs to its end either way.
+pub const JOB_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The answer for a job after waiting for it: its outcomes when it ended, its error when it
+/// failed as a whole, else 202 with where it is.
+async fn job_response(state: &AdminState, job: &Job, wait: std::time::Duration) -> Result<Response, ApiError> {
+    let view = state.desk.wait(job, wait).await;
+    if let (Some(kind), Some(error)) = (view.failure, &view.error) {
+        return Err(ApiError(ApiError::status_of(kind), error.clone()));
+    }
+    let status = if view.done {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let location = format!("/api/ladders/{}/parked/jobs/{}", view.ladder, view.id);
+    let mut response = (status, Json(JobAnswer::from(view))).into_response();
+    if let Ok(value) = header::HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    Ok(response)
+}
+
+/// A job as the API answers it: its view, plus `job` and `status` links.
+#[derive(Serialize)]
+struct JobAnswer {
+    job: u64,
+    status: String,
+    #[serde(flatten)]
+    view: JobView,
+}
+
+impl From<JobView> for JobAnswer {
+    fn from(view: JobView) -> Self {
+        JobAnswer {
+            job: view.id,
+            status: format!("/api/ladders/{}/parked/jobs/{}", view.ladder, view.id),
+            view,
+        }
+    }
+}
+
+pub(crate) async fn job(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(JobPath { ladder, id }): ApiPath<JobPath>,
+) -> Result<Json<JobView>, ApiError> {
+    Ok(Json(state.desk.job(&ladder, id)?))
+}
+
+pub(crate) async fn jobs(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
+) -> Result<Json<Vec<JobView>>, ApiError> {
+    state.desk.status(&ladder)?;
+    Ok(Json(state.desk.jobs(&ladder)))
+}
+
+pub(crate) async fn replay(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
+    headers: HeaderMap,
+    ApiJson(mut request): ApiJson<ActionRequest>,
+) -> Result<Response, ApiError> {
+    let by = caller(&state, &headers, &ladder, "replay")?;
+    let options = ReplayOptions {
+        to: request.to.take().filter(|t| !t.is_empty()),
+        rate: request
+            .rate
+            .take()
+            .map(|r| r.parse())
+            .transpose()
+            .map_err(ParkingError::from)?,
+        dry_run: request.dry_run,
+        by,
+    };
+    let wait = job_wait(request.wait.as_deref())?;
+    let filter = request.filter()?;
+    let job = state.desk.replay(&ladder, filter, options)?;
+    job_response(&state, &job, wait).await
+}
+
+pub(crate) async fn discard(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
+    headers: HeaderMap,
+    ApiJson(mut request): ApiJson<ActionRequest>,
+) -> Result<Response, ApiError> {
+    let by = caller(&state, &headers, &ladder, "discard")?;
+    if request.to.is_some() || request.rate.is_some() || request.dry_run {
+        return Err(ParkingError::Invalid("to, rate and dry_run are for a replay; a discard takes none".into()).into());
+    }
+    let wait = job_wait(request.wait.as_deref())?;
+    let filter = request.filter()?;
+    let job = state.desk.discard(&ladder, filter, by)?;
+    job_response(&state, &job, wait).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        for value in ["Bearer abc", "bearer abc", "BEARER  abc", " Bearer abc "] {
+            assert_eq!(bearer_token(value), Some("abc"), "{value:?}");
+        }
+        for value in ["Basic abc", "Bearerabc", "abc", ""] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_misspelt_selection_field_is_refused_not_ignored() {
+        // ignored, `destinaton` would replay every entry of the reason, to any queue
+        let typo = serde_json::from_str::<ActionRequest>(r#"{"reason": "no-route", "destinaton": "orders"}"#);
+        assert!(typo.unwrap_err().to_string().contains("destinaton"));
+        let mut ok: ActionRequest =
+            serde_json::from_str(r#"{"reason": "no-route", "headers": {"tenant": "t1"}, "rate": "5/s", "wait": "1s"}"#)
+                .unwrap();
+        let filter = ok.filter().unwrap();
+        assert_eq!(filter.reason.as_deref(), Some("no-route"));
+        assert_eq!(filter.headers, [("tenant".to_string(), "t1".to_string())]);
+        assert_eq!(ok.rate.as_deref(), Some("5/s"));
+        assert_eq!(job_wait(ok.wait.as_deref()).unwrap(), std::time::Duration::from_secs(1));
+        assert_eq!(job_wait(Some("1h")).unwrap(), JOB_WAIT, "a wait is cut to JOB_WAIT");
+        assert!(job_wait(Some("soon")).is_err());
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn queries_parse_every_filter_and_ignore_empty_fields() {
+        let q = parse_query(
+            &pairs(&[
+                ("destination", "orders"),
+                ("reason", "max-attempts"),
+                ("message_id", ""),
+                ("correlation_id", "c-1"),
+                ("header", "tenant=acme"),
+                ("header", "n=7"),
+                ("body", "timeout"),
+                ("since", "1h"),
+                ("until", "2026-11-22T00:00:00Z"),
+                ("offset", "50"),
+                ("limit", "25"),
+                ("resolved", "include"),
+            ]),
+            10_000_000,
+        )
+        .unwrap();
+        assert_eq!(q.filter.destination.as_deref(), Some("orders"));
+        assert_eq!(q.filter.reason.as_deref(), Some("max-attempts"));
+        assert_eq!(q.filter.message_id, None);
+        assert_eq!(q.filter.correlation_id.as_deref(), Some("c-1"));
+        assert_eq!(
+            q.filter.headers,
+            vec![("tenant".into(), "acme".into()), ("n".into(), "7".into())]
+        );
+        assert_eq!(q.filter.body_contains.as_deref(), Some("timeout"));
+        assert_eq!(q.filter.since_ms, Some(10_000_000 - 3_600_000));
+        assert_eq!(q.filter.until_ms, Some(1_795_305_600_000));
+        assert_eq!((q.page.offset, q.page.limit), (50, 25));
+        assert!(q.include_resolved);
+        let empty = parse_query(&[], 0).unwrap();
+        assert!(empty.filter.is_empty() && !empty.include_resolved);
+        assert_eq!(empty.page.limit, DEFAULT_PAGE_SIZE);
+    }
+
+    #[test]
+    fn bad_queries_say_what_is_wrong() {
+        let bad = |list: &[(&str, &str)]| parse_query(&pairs(list), 0).unwrap_err().to_string();
+        assert!(bad(&[("limit", "lots")]).contains("limit"));
+        assert!(bad(&[("limit", "5000")]).contains("at most 1000"));
+        assert!(bad(&[("header", "novalue")]).contains("key=value"));
+        assert!(bad(&[("since", "yesterday-ish")]).contains("RFC 3339"));
+        assert!(bad(&[("colour", "red")]).contains("unknown query parameter"));
+    }
+
+    /// A router for one ladder `orders` with no broker behind it: what is refused before the
+    /// broker is asked.
+    fn router() -> (tempfile::TempDir, axum::Router) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ladder.toml"), "namespace = \"ns\"\n").unwrap();
+        std::fs::create_dir(dir.path().join("ladders")).unwrap();
+        std::fs::write(
+            dir.path().join("ladders/orders.toml"),
+            "backoff = [\"1s\"]\nallow = [\"^orders$\"]\n",
+        )
+        .unwrap();
+        let config = crate::config::load(&dir.path().join("ladder.toml"), &std::collections::HashMap::new()).unwrap();
+        let (_, snapshots) = tokio::sync::watch::channel(None);
+        let state = Arc::new(AdminState::new(
+            Arc::new(config),
+            Arc::new(crate::broker::supervisor::State::default()),
+            snapshots,
+        ));
+        (dir, crate::admin::router::router(state))
+    }
+
+    /// `(status, Allow, the error text)` of a request whose answer must be `{"error": "..."}`.
+    async fn refused(method: &str, uri: &str, content_type: Option<&str>, body: &str) -> (StatusCode, String, String) {
+        use tower::ServiceExt;
+        let (_dir, router) = router();
+        let mut request = axum::http::Request::builder().method(method).uri(uri);
+        if let Some(content_type) = content_type {
+            request = request.header(header::CONTENT_TYPE, content_type);
+        }
+        let request = request.body(axum::body::Body::from(body.to_string())).unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let allow = response
+            .headers()
+            .get(header::ALLOW)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        assert_eq!(
+            response.headers().get(header::CONTENT_TYPE).unwrap(),
+            "application/json",
+            "{method} {uri}"
+        );
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let object = value.as_object().unwrap();
+        assert_eq!(object.len(), 1, "{method} {uri}: only \"error\": {value}");
+        let text = object["error"].as_str().unwrap().to_string();
+        assert!(
+            text.starts_with(|c: char| !c.is_uppercase()),
+            "{method} {uri}: errors start lowercase: {text}"
+        );
+        (status, allow, text)
+    }
+
+    #[tokio::test]
+    async fn every_refusal_under_api_is_json_with_its_documented_status() {
+        let replay = "/api/ladders/orders/parked/replay";
+        let json = Some("application/json");
+        let (status, _, text) = refused("POST", replay, json, "{\"destination\": ").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "malformed JSON: {text}");
+        assert!(text.starts_with("the body is not JSON"), "{text}");
+        let (status, _, text) = refused("POST", replay, json, r#"{"offsets": ["seven"]}"#).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "a wrongly typed field is 400, not 422: {text}"
+        );
+        assert!(text.contains("invalid type"), "{text}");
+        let (status, _, text) = refused("POST", replay, json, r#"{"destinaton": "orders"}"#).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(text.contains("unknown field `destinaton`"), "{text}");
+        let (status, _, text) = refused("POST", replay, None, r#"{"destination": "orders"}"#).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{text}");
+        let (status, _, text) = refused("POST", replay, Some("text/plain"), r#"{"reason": "x"}"#).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{text}");
+        let (status, _, text) = refused("GET", "/api/ladders/orders/parked/seven", None, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert_eq!(text, "offset must be a whole number, got \"seven\"");
+        let (status, _, text) = refused("GET", "/api/ladders/orders/parked/7/body/more", None, "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+        assert_eq!(text, "no such resource: GET /api/ladders/orders/parked/7/body/more");
+        let (status, _, _) = refused("GET", "/api/nothing", None, "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, allow, text) = refused("DELETE", "/api/ladders/orders/parked/7", None, "").await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{text}");
+        assert!(allow.contains("GET"), "{allow}");
+        assert!(text.contains("method DELETE is not allowed"), "{text}");
+        let (status, allow, _) = refused("GET", replay, None, "").await;
+        assert_eq!((status, allow.as_str()), (StatusCode::METHOD_NOT_ALLOWED, "POST"));
+        let (status, _, text) = refused("GET", "/api/ladders/orders/parked?limit=-1", None, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        let (status, _, text) = refused("GET", "/api/ladders/orders/parked?since=%FF", None, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        let (status, _, text) = refused("GET", "/api/ladders/nope/parked/jobs/x", None, "").await;
+        assert_eq!(
+            (status, text.as_str()),
+            (StatusCode::BAD_REQUEST, "id must be a whole number, got \"x\"")
+        );
+    }
+
+    #[tokio::test]
+    async fn answers_outside_api_are_left_as_they_are() {
+        use tower::ServiceExt;
+        let (_dir, router) = router();
+        let request = axum::http::Request::builder()
+            .uri("/nope")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_ne!(
+            response
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.to_str().unwrap()),
+            Some("application/json")
+        );
+    }
+
+    #[test]
+    fn tokens_name_the_caller() {
+        let tokens = vec![
+            OperatorToken {
+                name: "alice".into(),
+                token: "alice-0123456789abcdef".into(),
+            },
+            OperatorToken {
+                name: "bob".into(),
+                token: "bob-0123456789abcdef".into(),
+            },
+        ];
+        assert_eq!(authorize(&tokens, Some("bob-0123456789abcdef")), Ok("bob"));
+        assert_eq!(authorize(&tokens, Some(" alice-0123456789abcdef ")), Ok("alice"));
+        assert_eq!(authorize(&tokens, Some("alice-0123456789abcde")), Err(Denied::Wrong));
+        assert_eq!(authorize(&tokens, Some("")), Err(Denied::Missing));
+        assert_eq!(authorize(&tokens, None), Err(Denied::Missing));
+        assert_eq!(authorize(&[], Some("anything-at-all-here")), Err(Denied::Wrong));
+    }
+}

@@ -1,0 +1,522 @@
+//! The depth poller: every `admin.poll_interval` it reads the message count of each ladder's
+//! queues, exports them as `ladder_queue_messages`, checks the accounting identity
+//! ([`crate::model::accounting`]) and publishes a [`Snapshot`] for `/api/ladders`.
+//!
+//! It owns one connection of its own (named `<amqp.connection_name>-poller`), reused across
+//! polls, and reads with passive `queue.declare`, which never creates or changes anything. It
+//! must not touch the relay's connection, consume, publish or declare: it is off the worker path,
+//! and a slow or unreachable broker only delays its own next poll. Every broker call is bounded
+//! by [`BROKER_CALL_TIMEOUT`]; a failed poll is logged (warn once, then debug) and retried at the
+//! next tick.
+//!
+//! What the counts mean (measured on RabbitMQ 3.10.8): for quorum and classic queues,
+//! `message_count` is the number of *ready* messages — deliveries the service holds unacked are
+//! not in it. For the stream `N.L.parked` it is the stream's length (records within retention;
+//! reading does not remove them), refreshed by the broker only every few seconds (its statistics
+//! interval: 100 records showed as 0 for about 2 s), so the parked depth lags.
+//!
+//! The accounting check is per process. With several replicas each one sees every queue but
+//! only its own traffic; a replica checks only while it is the sole consumer of a ladder's intake
+//! and due queues, so with several replicas running the check is off and the identity must be
+//! summed across replicas in Prometheus (README, "Metrics and health").
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ladder_amqp::{Channel, Connection};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::broker::supervisor::{self as service, State};
+use crate::clock::now_ms;
+use crate::config::{AmqpConfig, Config};
+use crate::metrics::LadderMetrics;
+use crate::model::accounting::{Counters, Ledger, Observation, Rules, Verdict};
+use crate::model::ladder::LadderSpec;
+use crate::model::names::Hop;
+use crate::model::names::Names;
+
+/// How long one broker call of a poll (connect excepted, which has its own bound in
+/// [`service::connect`]) may take. Generous against a loaded broker, yet well below the time
+/// an operator would notice stale depths; a call that takes longer drops the connection.
+pub const BROKER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long closing the poller's connection may take (at shutdown, or to replace a broken one).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The accounting rules: a quiet poll is exact (no traffic moved while or since it was taken),
+/// so no tolerance is needed — a single lost message is reported. What remains is a message
+/// briefly in no queue (in transit between a tier and `N.L.due`, or delivered and not yet
+/// handled), which never lasts three polls in a row.
+pub const ACCOUNTING_RULES: Rules = Rules { tolerance: 0, polls: 3 };
+
+/// The queue roles whose ready messages count as waiting in the ladder: the tiers, `due` and
+/// `quarantine` (what it holds is parked by the service).
+fn is_waiting_role(role: &str) -> bool {
+    role == "due" || role == "quarantine" || role.starts_with("delay.")
+}
+
+/// What one poll saw, for `/api/ladders`.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// When the poll ended (for rates).
+    pub at: Instant,
+    /// When the poll ended, ms since the epoch.
+    pub at_ms: u64,
+    /// Why the depths could not be read, when they could not.
+    pub broker_error: Option<String>,
+    /// One entry per ladder, in config order.
+    pub ladders: Vec<LadderSnapshot>,
+}
+
+impl Snapshot {
+    /// The entry of ladder `name`.
+    pub fn ladder(&self, name: &str) -> Option<&LadderSnapshot> {
+        self.ladders.iter().find(|l| l.name == name)
+    }
+}
+
+/// One ladder in a [`Snapshot`].
+#[derive(Debug, Clone)]
+pub struct LadderSnapshot {
+    /// The ladder's name.
+    pub name: String,
+    /// `(role, message count)` per queue, roles as in [`Names::queues`]; `None` when this poll
+    /// could not read the broker. A count is `None` when the queue does not exist.
+    pub depths: Option<Vec<(String, Option<u64>)>>,
+    /// The service's counters after the poll.
+    pub counters: Counters,
+    /// Per-second rates since the previous poll; `None` on the first poll.
+    pub rates: Option<Rates>,
+    /// The accounting check's state after this poll.
+    pub accounting: AccountingStatus,
+}
+
+/// Per-second rates of a ladder's counters between two polls.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Rates {
+    /// Deliveries taken from the intake queue per second (redeliveries included).
+    pub received: f64,
+    /// Retries confirmed into a tier per second.
+    pub scheduled: f64,
+    /// Retries confirmed to their destination per second.
+    pub delivered: f64,
+    /// Messages parked per second.
+    pub parked: f64,
+    /// The window the rates were measured over, in ms.
+    pub window_ms: u64,
+}
+
+impl Rates {
+    /// The rates from `from` to `to` over `window`; `None` for an empty window.
+    pub fn between(from: &Counters, to: &Counters, window: Duration) -> Option<Rates> {
+        let seconds = window.as_secs_f64();
+        if seconds <= 0.0 {
+            return None;
+        }
+        let rate = |a: u64, b: u64| b.saturating_sub(a) as f64 / seconds;
+        Some(Rates {
+            received: rate(from.received_intake, to.received_intake),
+            scheduled: rate(from.scheduled, to.scheduled),
+            delivered: rate(from.delivered, to.delivered),
+            parked: rate(from.parked, to.parked),
+            window_ms: window.as_millis() as u64,
+        })
+    }
+}
+
+/// The accounting check of one ladder, as `/api/ladders` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AccountingStatus {
+    /// The latest poll's verdict: `unchecked`, `busy`, `anchored`, `balanced`, `suspect`,
+    /// `unaccounted` or `rebased`.
+    pub verdict: &'static str,
+    /// Whether a reference balance is set (the check is running).
+    pub anchored: bool,
+    /// The latest shortfall against the reference on a quiet poll; negative for a surplus.
+    pub missing: Option<i64>,
+    /// What `ladder_unaccounted_messages` shows.
+    pub unaccounted: u64,
+}
+
+/// The service's counters of one ladder, read from its metric handles.
+pub fn counters(metrics: &LadderMetrics) -> Counters {
+    let (intake, due) = (metrics.hop(Hop::Intake), metrics.hop(Hop::Due));
+    let gauge = |g: &prometheus_client::metrics::gauge::Gauge| u64::try_from(g.get()).unwrap_or(0);
+    let quarantine = metrics.hop(Hop::Quarantine);
+    Counters {
+        entered: metrics.entered.get(),
+        received_intake: intake.received.get(),
+        refused_intake: intake.publish_failures.get(),
+        received_due: due.received.get(),
+        refused_due: due.publish_failures.get(),
+        scheduled: metrics.scheduled_total(),
+        delivered: metrics.delivered.get(),
+        parked: metrics.parked_total(),
+        in_flight_intake: gauge(&intake.in_flight),
+        in_flight_due: gauge(&due.in_flight),
+        in_flight_quarantine: gauge(&quarantine.in_flight),
+    }
+}
+
+/// A ladder as the poller tracks it.
+struct Tracked {
+    spec: LadderSpec,
+    queues: Vec<(String, String)>,
+    metrics: LadderMetrics,
+    ledger: Ledger,
+    /// The `ladder_unaccounted_messages` value last exported.
+    reported: u64,
+    /// Whether other consumers shared the intake or due queue at the latest poll.
+    shared: bool,
+}
+
+/// What one poll read from the broker for one ladder.
+struct Read {
+    depths: Vec<(String, Option<u64>)>,
+    /// Consumers of the intake and due queues (`None` if either is missing).
+    consumers: Option<(u32, u32)>,
+}
+
+/// Polls until `shutdown`, publishing each [`Snapshot`] on `publish`.
+pub async fn run(
+    config: Arc<Config>,
+    state: Arc<State>,
+    publish: watch::Sender<Option<Arc<Snapshot>>>,
+    shutdown: CancellationToken,
+) {
+    let mut ladders: Vec<Tracked> = config
+        .ladders
+        .iter()
+        .map(|spec| Tracked {
+            queues: Names::new(&config.namespace, &spec.name).queues(spec),
+            metrics: state.metrics.ladder(spec),
+            spec: spec.clone(),
+            ledger: Ledger::default(),
+            reported: 0,
+            shared: false,
+        })
+        .collect();
+    let amqp = AmqpConfig {
+        connection_name: format!("{}-poller", config.amqp.connection_name),
+        ..config.amqp.clone()
+    };
+    let mut broker = Broker::default();
+    let mut previous: Option<Arc<Snapshot>> = None;
+    let mut ticks = tokio::time::interval(config.admin.poll_interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = ticks.tick() => {}
+        }
+        let snapshot = tokio::select! {
+            () = shutdown.cancelled() => break,
+            snapshot = poll(&amqp, &mut broker, &state, &mut ladders, previous.as_deref()) => Arc::new(snapshot),
+        };
+        previous = Some(snapshot.clone());
+        publish.send_replace(Some(snapshot));
+    }
+    broker.reset().await;
+    debug!("depth poller stopped");
+}
+
+/// One poll of every ladder.
+async fn poll(
+    amqp: &AmqpConfig,
+    broker: &mut Broker,
+    state: &State,
+    ladders: &mut [Tracked],
+    previous: Option<&Snapshot>,
+) -> Snapshot {
+    let before: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
+    let ready = state.health.is_ready();
+    let session = state.metrics.reconnects.get();
+    let mut reads = Vec::with_capacity(ladders.len());
+    let mut broker_error = None;
+    for ladder in ladders.iter() {
+        match broker.read(amqp, &ladder.queues, ready).await {
+            Ok(read) => reads.push(read),
+            Err(e) => {
+                broker_error = Some(e);
+                break;
+            }
+        }
+    }
+    let readable = broker_error.is_none();
+    broker.report(broker_error.as_deref());
+    let at = Instant::now();
+    let at_ms = now_ms();
+    let session_after = state.metrics.reconnects.get();
+
+    let mut entries = Vec::with_capacity(ladders.len());
+    for (i, ladder) in ladders.iter_mut().enumerate() {
+        let after = counters(&ladder.metrics);
+        let read = if readable { reads.get(i) } else { None };
+        if let Some(read) = read {
+            for (role, messages) in &read.depths {
+                match messages {
+                    Some(messages) => state.metrics.set_queue_messages(&ladder.spec.name, role, *messages),
+                    None => state.metrics.clear_queue_messages(&ladder.spec.name, role),
+                }
+            }
+            let waiting = read
+                .depths
+                .iter()
+                .filter(|(role, _)| is_waiting_role(role))
+                .map(|(_, messages)| messages.unwrap_or(0))
+                .sum();
+            let complete = read.depths.iter().all(|(_, messages)| messages.is_some());
+            let shared = read.consumers.is_some_and(|(intake, due)| intake > 1 || due > 1);
+            let observation = Observation {
+                before: before[i],
+                after,
+                waiting,
+                checkable: ready
+                    && state.health.is_ready()
+                    && complete
+                    && session == session_after
+                    && read.consumers == Some((1, 1)),
+                shared,
+            };
+            if shared != ladder.shared {
+                ladder.shared = shared;
+                if shared {
+                    info!(
+                        ladder = %ladder.spec.name,
+                        "other consumers share the intake or due queue (replicas?); the accounting check \
+                         is per process, so it is off while they do"
+                    );
+                }
+            }
+            let verdict = ladder.ledger.observe(&observation, ACCOUNTING_RULES);
+            report(ladder, verdict, state);
+        }
+        let rates = previous
+            .and_then(|p| p.ladder(&ladder.spec.name).map(|l| (p.at, l.counters)))
+            .and_then(|(then, counters)| Rates::between(&counters, &after, at.saturating_duration_since(then)));
+        entries.push(LadderSnapshot {
+            name: ladder.spec.name.clone(),
+            depths: read.map(|r| r.depths.clone()),
+            counters: after,
+            rates,
+            accounting: AccountingStatus {
+                verdict: ladder.ledger.last().map_or("unchecked", |v| v.name()),
+                anchored: ladder.ledger.anchored(),
+                missing: ladder
+                    .ledger
+                    .missing()
+                    .map(|m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64),
+                unaccounted: ladder.ledger.unaccounted(),
+            },
+        });
+    }
+    Snapshot {
+        at,
+        at_ms,
+        broker_error: if readable { None } else { broker.last_error.clone() },
+        ladders: entries,
+    }
+}
+
+/// Exports a verdict and logs what changed.
+fn report(ladder: &mut Tracked, verdict: Verdict, state: &State) {
+    let name = ladder.spec.name.as_str();
+    let unaccounted = ladder.ledger.unaccounted();
+    match verdict {
+        Verdict::Unaccounted { missing } if missing != ladder.reported => {
+            error!(
+                ladder = name,
+                unaccounted = missing,
+                "messages the ladder cannot account for"
+            );
+        }
+        Verdict::Rebased { surplus } => {
+            info!(
+                ladder = name,
+                surplus,
+                "found more messages than counted (duplicates, or published straight into a tier); taking them as the new reference"
+            );
+        }
+        Verdict::Balanced | Verdict::Anchored if ladder.reported > 0 => {
+            info!(ladder = name, "the ladder's messages are accounted for again");
+        }
+        Verdict::Unchecked if ladder.reported > 0 => {
+            info!(
+                ladder = name,
+                "accounting check restarts (reconnect, or other consumers); clearing its alarm"
+            );
+        }
+        _ => {}
+    }
+    if unaccounted != ladder.reported {
+        state.metrics.set_unaccounted(name, unaccounted);
+        ladder.reported = unaccounted;
+    }
+}
+
+/// The poller's own connection and channel, kept across polls.
+#[derive(Default)]
+struct Broker {
+    connection: Option<Connection>,
+    channel: Option<Channel>,
+    /// The error of the latest failed poll; `None` while polls succeed.
+    last_error: Option<String>,
+    /// Queues found missing, so each is logged once until it reappears.
+    missing: HashSet<String>,
+}
+
+impl Broker {
+    /// Reads the message count of every queue in `queues` (`(role, name)`). A missing queue is
+    /// worth a warning only once the service declared its topology (`declared`).
+    async fn read(&mut self, amqp: &AmqpConfig, queues: &[(String, String)], declared: bool) -> Result<Read, String> {
+        let mut depths = Vec::with_capacity(queues.len());
+        let (mut intake_consumers, mut due_consumers) = (None, None);
+        for (role, queue) in queues {
+            let count = match self.declare_passive(amqp, queue).await? {
+                Some((messages, consumers)) => {
+                    if self.missing.remove(queue) {
+                        info!(queue = %queue, "queue exists again");
+                    }
+                    match role.as_str() {
+                        "intake" => intake_consumers = Some(consumers),
+                        "due" => due_consumers = Some(consumers),
+                        _ => {}
+                    }
+                    Some(u64::from(messages))
+                }
+                None => {
+                    if !declared {
+                        debug!(queue = %queue, "queue not found (not declared yet)");
+                    } else if self.missing.insert(queue.clone()) {
+                        warn!(queue = %queue, "queue not found although the topology was declared; was it deleted?");
+                    }
+                    None
+                }
+            };
+            depths.push((role.clone(), count));
+        }
+        Ok(Read {
+            depths,
+            consumers: intake_consumers.zip(due_consumers),
+        })
+    }
+
+    /// `(messages, consumers)` of `queue`, `None` if it does not exist; `Err` if the broker
+    /// cannot be read (the connection is then dropped, to be rebuilt next time).
+    async fn declare_passive(&mut self, amqp: &AmqpConfig, queue: &str) -> Result<Option<(u32, u32)>, String> {
+        let channel = self.channel(amqp).await?;
+        let declared = tokio::time::timeout(BROKER_CALL_TIMEOUT, channel.queue_inspect(queue)).await;
+        match declared {
+            Ok(Ok(q)) => Ok(Some((q.message_count, q.consumer_count))),
+            // a failed passive declare closes the channel: take a new one for the next queue
+            Ok(Err(e)) if not_found(&e) => {
+                self.channel = None;
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                self.reset().await;
+                Err(format!("reading {queue}: {e}"))
+            }
+            Err(_) => {
+                self.reset().await;
+                Err(format!("reading {queue}: no answer within {BROKER_CALL_TIMEOUT:?}"))
+            }
+        }
+    }
+
+    /// The open channel, connecting and opening one first if needed.
+    async fn channel(&mut self, amqp: &AmqpConfig) -> Result<Channel, String> {
+        if let Some(channel) = &self.channel
+            && channel.is_open()
+        {
+            return Ok(channel.clone());
+        }
+        self.channel = None;
+        if !self.connection.as_ref().is_some_and(Connection::is_open) {
+            self.reset().await;
+            let connection = service::connect(amqp)
+                .await
+                .map_err(|e| format!("cannot reach the broker: {e}"))?;
+            self.connection = Some(connection);
+        }
+        let Some(connection) = &self.connection else {
+            return Err("no connection".into());
+        };
+        let channel = match tokio::time::timeout(BROKER_CALL_TIMEOUT, connection.create_channel()).await {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(e)) => {
+                self.reset().await;
+                return Err(format!("opening a channel: {e}"));
+            }
+            Err(_) => {
+                self.reset().await;
+                return Err(format!("opening a channel: no answer within {BROKER_CALL_TIMEOUT:?}"));
+            }
+        };
+        self.channel = Some(channel.clone());
+        Ok(channel)
+    }
+
+    /// Closes the connection (bounded: a dead or stuck broker must not hold up the poller) so the
+    /// next call connects afresh.
+    async fn reset(&mut self) {
+        self.channel = None;
+        if let Some(connection) = self.connection.take() {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "resetting")).await;
+        }
+    }
+
+    /// Logs a poll's outcome: a failure once at warn (then debug), and the recovery at info.
+    fn report(&mut self, error: Option<&str>) {
+        match (error, self.last_error.is_some()) {
+            (Some(e), false) => warn!(error = %e, "depth poller cannot read the broker; retrying every poll"),
+            (Some(e), true) => debug!(error = %e, "depth poller still cannot read the broker"),
+            (None, true) => info!("depth poller reads the broker again"),
+            (None, false) => {}
+        }
+        self.last_error = error.map(str::to_string);
+    }
+}
+
+/// Whether `error` is the broker's 404 NOT_FOUND for a passive declare.
+fn not_found(error: &ladder_amqp::Error) -> bool {
+    error.reply_code() == Some(404)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_per_second_over_the_window() {
+        let from = Counters {
+            received_intake: 10,
+            scheduled: 8,
+            delivered: 1,
+            parked: 2,
+            ..Counters::default()
+        };
+        let to = Counters {
+            received_intake: 30,
+            scheduled: 18,
+            delivered: 6,
+            parked: 2,
+            ..Counters::default()
+        };
+        let r = Rates::between(&from, &to, Duration::from_secs(5)).unwrap();
+        assert_eq!((r.received, r.scheduled, r.delivered, r.parked), (4.0, 2.0, 1.0, 0.0));
+        assert_eq!(r.window_ms, 5000);
+        assert!(Rates::between(&from, &to, Duration::ZERO).is_none());
+    }
+
+    #[test]
+    fn only_tiers_and_due_count_as_waiting() {
+        assert!(is_waiting_role("due") && is_waiting_role("delay.10s") && is_waiting_role("quarantine"));
+        assert!(!is_waiting_role("intake") && !is_waiting_role("parked"));
+    }
+}

@@ -1,0 +1,333 @@
+//! The admin server's routes: health, metrics, the ladders' view, the parking-lot API and the
+//! web page. Handlers read shared state only; the parking-lot ones go through the desk.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State as Extract;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+
+use crate::admin::state::{AdminState, LaddersView};
+use crate::admin::{api, guard, openapi, web};
+
+/// The content type of `/metrics`: prometheus-client writes the OpenMetrics text format.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The admin routes.
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/live", get(live))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/api/ladders", get(ladders))
+        .route("/api/openapi.json", get(openapi::serve))
+        .route("/api/ladders/{ladder}/parked", get(api::list))
+        .route("/api/ladders/{ladder}/parked/replay", post(api::replay))
+        .route("/api/ladders/{ladder}/parked/discard", post(api::discard))
+        .route("/api/ladders/{ladder}/parked/counts", get(api::counts))
+        .route("/api/ladders/{ladder}/parked/jobs", get(api::jobs))
+        .route("/api/ladders/{ladder}/parked/jobs/{id}", get(api::job))
+        .route("/api/ladders/{ladder}/parked/{offset}", get(api::show))
+        .route("/api/ladders/{ladder}/parked/{offset}/body", get(api::body))
+        .route("/", get(web::overview))
+        .route("/ladders/{ladder}/parked", get(web::list))
+        .route("/ladders/{ladder}/jobs/{id}", get(web::job_page))
+        .route("/ladders/{ladder}/parked/{offset}", get(web::entry))
+        .route(
+            "/ladders/{ladder}/parked/{offset}/{action}",
+            get(web::confirm_one).post(web::act_on_one),
+        )
+        .route(
+            "/ladders/{ladder}/matching/{action}",
+            get(web::confirm_matching).post(web::act_on_matching),
+        )
+        // every error under /api as {"error": …} JSON, the router's own 404 and 405 included
+        .layer(axum::middleware::from_fn(api::json_errors))
+        // the guards (src/admin/guard.rs), the last added running first
+        .layer(axum::extract::DefaultBodyLimit::max(guard::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(guard::same_origin))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::allowed_host))
+        .layer(axum::middleware::from_fn(guard::bounded_uri))
+        .layer(axum::middleware::from_fn(guard::security_headers))
+        .with_state(state)
+}
+
+async fn live() -> &'static str {
+    "ok"
+}
+
+async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, &'static str) {
+    if state.service.health.is_ready() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+async fn metrics(Extract(state): Extract<Arc<AdminState>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.service.metrics.encode(),
+    )
+}
+
+async fn ladders(Extract(state): Extract<Arc<AdminState>>) -> Json<LaddersView> {
+    let snapshot = state.snapshots.borrow().clone();
+    Json(LaddersView::new(&state.config, snapshot.as_deref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::admin::poller::LadderSnapshot;
+    use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
+    use crate::broker::supervisor::State;
+    use crate::model::accounting::Counters;
+    use tokio::sync::watch;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        state: Arc<AdminState>,
+        publish: watch::Sender<Option<Arc<Snapshot>>>,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ladder.toml"), "namespace = \"ns\"\n").unwrap();
+        std::fs::create_dir(dir.path().join("ladders")).unwrap();
+        std::fs::write(
+            dir.path().join("ladders/orders.toml"),
+            "backoff = [\"1s\", \"10s\"]\nmax_attempts = 4\nallow = [\"^orders$\", \"^billing\\\\.\"]\n",
+        )
+        .unwrap();
+        let config = crate::config::load(&dir.path().join("ladder.toml"), &HashMap::new()).unwrap();
+        let (publish, snapshots) = watch::channel(None);
+        let state = Arc::new(AdminState::new(Arc::new(config), Arc::new(State::default()), snapshots));
+        Fixture {
+            _dir: dir,
+            state,
+            publish,
+        }
+    }
+
+    async fn get(state: &Arc<AdminState>, uri: &str) -> (StatusCode, Option<String>, String) {
+        let response = router(state.clone())
+            .oneshot(Request::builder().uri(uri).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, content_type, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn live_is_always_ok() {
+        let f = fixture();
+        assert_eq!(get(&f.state, "/live").await.0, StatusCode::OK);
+        assert_eq!(get(&f.state, "/live").await.2, "ok");
+    }
+
+    #[tokio::test]
+    async fn ready_flips_from_503_to_200_and_back() {
+        let f = fixture();
+        assert_eq!(get(&f.state, "/ready").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        f.state.service.health.set_ready(true);
+        assert_eq!(get(&f.state, "/ready").await.0, StatusCode::OK);
+        f.state.service.health.set_ready(false);
+        assert_eq!(get(&f.state, "/ready").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_openmetrics_text() {
+        let f = fixture();
+        let spec = &f.state.config.ladders[0];
+        let ladder = f.state.service.metrics.ladder(spec);
+        ladder.scheduled("10s");
+        f.state.service.metrics.set_queue_messages("orders", "delay.10s", 1);
+        let (status, content_type, body) = get(&f.state, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type.as_deref(), Some(METRICS_CONTENT_TYPE));
+        assert!(
+            body.contains("ladder_scheduled_messages_total{ladder=\"orders\",tier=\"10s\"} 1"),
+            "{body}"
+        );
+        assert!(body.contains("ladder_queue_messages{ladder=\"orders\",queue=\"delay.10s\"} 1"));
+        assert!(body.ends_with("# EOF\n"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn ladders_lists_the_config_before_the_first_poll() {
+        let f = fixture();
+        let (status, content_type, body) = get(&f.state, "/api/ladders").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type.as_deref(), Some("application/json"));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["namespace"], "ns");
+        assert_eq!(v["poll_interval_ms"], 5000);
+        assert!(v["polled_at_ms"].is_null());
+        let l = &v["ladders"][0];
+        assert_eq!(l["name"], "orders");
+        assert_eq!(l["exchange"], "ns.orders");
+        let steps: Vec<_> = l["tiers"].as_array().unwrap().iter().filter(|t| t["step"] == true).collect();
+        assert_eq!(
+            steps,
+            [
+                &serde_json::json!({"name": "1s", "delay_ms": 1000, "queue": "ns.orders.delay.1s", "step": true}),
+                &serde_json::json!({"name": "10s", "delay_ms": 10000, "queue": "ns.orders.delay.10s", "step": true}),
+            ]
+        );
+        assert_eq!(l["tiers"].as_array().unwrap().len(), 30, "the steps and the 28 delay levels");
+        assert_eq!(l["max_attempts"], 4);
+        assert_eq!(l["allow"], serde_json::json!(["^orders$", "^billing\\."]));
+        assert_eq!(l["queue_type"], "quorum");
+        assert_eq!(l["dead_letter_strategy"], "at-least-once");
+        assert_eq!(l["queues"]["intake"], "ns.orders.intake");
+        assert_eq!(l["queues"]["delay.10s"], "ns.orders.delay.10s");
+        assert!(l["depths"].is_null() && l["rates"].is_null() && l["accounting"].is_null());
+    }
+
+    #[tokio::test]
+    async fn ladders_shows_the_latest_snapshot() {
+        let f = fixture();
+        let counters = Counters {
+            received_intake: 7,
+            scheduled: 6,
+            parked: 1,
+            ..Counters::default()
+        };
+        f.publish.send_replace(Some(Arc::new(Snapshot {
+            at: Instant::now(),
+            at_ms: 1_763_766_000_000,
+            broker_error: None,
+            ladders: vec![LadderSnapshot {
+                name: "orders".into(),
+                depths: Some(vec![
+                    ("intake".into(), Some(0)),
+                    ("due".into(), Some(0)),
+                    ("parked".into(), Some(1)),
+                    ("delay.1s".into(), Some(6)),
+                    ("delay.10s".into(), None),
+                ]),
+                counters,
+                rates: Some(Rates {
+                    received: 1.4,
+                    scheduled: 1.2,
+                    delivered: 0.0,
+                    parked: 0.2,
+                    window_ms: 5000,
+                }),
+                accounting: AccountingStatus {
+                    verdict: "balanced",
+                    anchored: true,
+                    missing: Some(0),
+                    unaccounted: 0,
+                },
+            }],
+        })));
+        let v: serde_json::Value = serde_json::from_str(&get(&f.state, "/api/ladders").await.2).unwrap();
+        assert_eq!(v["polled_at_ms"], 1_763_766_000_000u64);
+        let l = &v["ladders"][0];
+        assert_eq!(l["depths"]["delay.1s"], 6);
+        assert!(l["depths"]["delay.10s"].is_null(), "a missing queue has no depth");
+        assert_eq!(l["rates"]["scheduled"], 1.2);
+        assert_eq!(l["totals"]["received_intake"], 7);
+        assert_eq!(l["accounting"]["verdict"], "balanced");
+    }
+
+    async fn send(state: &Arc<AdminState>, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+        let response = router(state.clone()).oneshot(request).await.unwrap();
+        let (status, headers) = (response.status(), response.headers().clone());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_web_page_lists_every_ladder_with_a_link_to_its_parking_lot() {
+        let f = fixture();
+        let (status, content_type, body) = get(&f.state, "/").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type.as_deref(), Some("text/html; charset=utf-8"));
+        assert!(body.contains("<tr data-ladder=\"orders\">"), "{body}");
+        assert!(
+            body.contains("class=\"parked-link\" href=\"/ladders/orders/parked\""),
+            "{body}"
+        );
+        assert!(body.contains("1s: ?"), "tiers are listed before the first poll: {body}");
+    }
+
+    #[tokio::test]
+    async fn replay_and_discard_need_a_configured_token_and_nothing_reaches_the_broker_without_one() {
+        let f = fixture();
+        for action in ["replay", "discard"] {
+            let request = |auth: Option<&str>| {
+                let mut r = Request::builder()
+                    .method("POST")
+                    .uri(format!("/api/ladders/orders/parked/{action}"))
+                    .header(header::CONTENT_TYPE, "application/json");
+                if let Some(auth) = auth {
+                    r = r.header(header::AUTHORIZATION, auth);
+                }
+                r.body(Body::from("{\"destination\": \"orders\"}")).unwrap()
+            };
+            let (status, headers, body) = send(&f.state, request(None)).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+            assert_eq!(headers.get(header::WWW_AUTHENTICATE).unwrap(), "Bearer");
+            assert!(body.contains("admin.tokens"), "{body}");
+            // the fixture configures no tokens: nobody may act
+            let (status, _, body) = send(&f.state, request(Some("Bearer 0123456789abcdef0123"))).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        }
+        let form = Request::builder()
+            .method("POST")
+            .uri("/ladders/orders/parked/7/replay")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("to=orders&token=0123456789abcdef0123"))
+            .unwrap();
+        let (status, _, body) = send(&f.state, form).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body.contains("id=\"outcome\"") && body.contains("token"), "{body}");
+        assert!(
+            body.contains("id=\"back\" href=\"/ladders/orders/parked/7/replay\""),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_ladders_and_bad_queries_are_refused_before_the_broker() {
+        let f = fixture();
+        let (status, content_type, body) = get(&f.state, "/api/ladders/nope/parked").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(content_type.as_deref(), Some("application/json"));
+        assert!(body.contains("no ladder \\\"nope\\\""), "{body}");
+        let (status, _, body) = get(&f.state, "/api/ladders/orders/parked?limit=5000").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        let (status, _, body) = get(&f.state, "/ladders/orders/parked?since=someday").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(body.contains("id=\"filters\"") && body.contains("RFC 3339"), "{body}");
+        assert_eq!(
+            get(&f.state, "/ladders/orders/parked/7/explode").await.0,
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn unknown_paths_are_404() {
+        let f = fixture();
+        assert_eq!(get(&f.state, "/nope").await.0, StatusCode::NOT_FOUND);
+    }
+}

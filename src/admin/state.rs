@@ -1,0 +1,127 @@
+//! What the admin server's handlers share ([`AdminState`]) and the `/api/ladders` view of
+//! every ladder, which the API serves as JSON and the web page renders.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::admin::desk::Desk;
+use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
+use crate::broker::supervisor::State;
+use crate::config::Config;
+use crate::model::accounting::Counters;
+use crate::model::names::Names;
+
+/// What the admin endpoints read.
+#[derive(Debug)]
+pub struct AdminState {
+    /// Readiness and metrics, shared with the service.
+    pub service: Arc<State>,
+    /// The configuration the service runs with.
+    pub config: Arc<Config>,
+    /// The poller's latest snapshot; `None` until its first poll.
+    pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// The parking lots.
+    pub desk: Arc<Desk>,
+}
+
+impl AdminState {
+    /// The state for `config` and `service`, reading snapshots from `snapshots`.
+    pub fn new(config: Arc<Config>, service: Arc<State>, snapshots: watch::Receiver<Option<Arc<Snapshot>>>) -> Self {
+        AdminState {
+            service,
+            desk: Arc::new(Desk::new(config.clone())),
+            config,
+            snapshots,
+        }
+    }
+}
+
+/// `/api/ladders` (and the web page's overview).
+#[derive(Debug, Serialize)]
+pub(crate) struct LaddersView {
+    pub(crate) namespace: String,
+    pub(crate) poll_interval_ms: u64,
+    /// When the latest poll ended (ms since the epoch); `null` before the first.
+    pub(crate) polled_at_ms: Option<u64>,
+    /// Why the latest poll could not read the broker.
+    pub(crate) broker_error: Option<String>,
+    pub(crate) ladders: Vec<LadderView>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct LadderView {
+    pub(crate) name: String,
+    pub(crate) exchange: String,
+    pub(crate) tiers: Vec<TierView>,
+    pub(crate) max_attempts: u32,
+    pub(crate) allow: Vec<String>,
+    pub(crate) queue_type: &'static str,
+    pub(crate) dead_letter_strategy: &'static str,
+    /// Queue name per role (`intake`, `due`, `parked`, `delay.<tier>`).
+    pub(crate) queues: BTreeMap<String, String>,
+    /// Message count per role from the latest poll (`null` for a missing queue); `null` before
+    /// the first poll or when it could not read the broker.
+    pub(crate) depths: Option<BTreeMap<String, Option<u64>>>,
+    /// Per-second rates between the two latest polls.
+    pub(crate) rates: Option<Rates>,
+    /// This process's counters at the latest poll.
+    pub(crate) totals: Option<Counters>,
+    pub(crate) accounting: Option<AccountingStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct TierView {
+    pub(crate) name: String,
+    pub(crate) delay_ms: u64,
+    pub(crate) queue: String,
+    /// A backoff step (else a delay level, used by exact delays only).
+    pub(crate) step: bool,
+}
+
+impl LaddersView {
+    pub(crate) fn new(config: &Config, snapshot: Option<&Snapshot>) -> Self {
+        let ladders = config
+            .ladders
+            .iter()
+            .map(|spec| {
+                let names = Names::new(&config.namespace, &spec.name);
+                let polled = snapshot.and_then(|s| s.ladder(&spec.name));
+                LadderView {
+                    name: spec.name.clone(),
+                    exchange: names.intake_exchange.clone(),
+                    tiers: spec
+                        .tiers
+                        .iter()
+                        .map(|tier| TierView {
+                            name: tier.name.clone(),
+                            delay_ms: tier.ttl_ms(),
+                            queue: names.tier_queue(tier),
+                            step: spec.steps.contains(tier),
+                        })
+                        .collect(),
+                    max_attempts: spec.max_attempts,
+                    allow: spec.allow.patterns().to_vec(),
+                    queue_type: spec.queue_type.as_str(),
+                    dead_letter_strategy: spec.dead_letter_strategy.as_str(),
+                    queues: names.queues(spec).into_iter().collect(),
+                    depths: polled
+                        .and_then(|l| l.depths.as_ref())
+                        .map(|d| d.iter().cloned().collect()),
+                    rates: polled.and_then(|l| l.rates),
+                    totals: polled.map(|l| l.counters),
+                    accounting: polled.map(|l| l.accounting),
+                }
+            })
+            .collect();
+        LaddersView {
+            namespace: config.namespace.clone(),
+            poll_interval_ms: config.admin.poll_interval.as_millis() as u64,
+            polled_at_ms: snapshot.map(|s| s.at_ms),
+            broker_error: snapshot.and_then(|s| s.broker_error.clone()),
+            ladders,
+        }
+    }
+}

@@ -1,0 +1,880 @@
+//! The operator web page on the admin server: server-rendered HTML (maud escapes every value),
+//! no JavaScript and no front-end build. Pages:
+//!
+//! - `/` — every ladder: tiers with their depths, rates, accounting, unresolved parked entries;
+//! - `/ladders/{ladder}/parked` — the parked list with the API's filters and paging, and the
+//!   matches counted per reason and per destination (each a link that narrows the filter);
+//! - `/ladders/{ladder}/parked/{offset}` — one entry: reason, history, properties, headers, body;
+//! - `/ladders/{ladder}/parked/{offset}/{replay|discard}` — a confirmation form (GET) that asks
+//!   for a token from `admin.tokens`, and the action (POST);
+//! - `/ladders/{ladder}/matching/{replay|discard}?<filters>` — the same for every unresolved
+//!   entry matching a filter, with the count shown before confirming and a rate for replays.
+//!
+//! Element ids and classes (`#ladders`, `#filters`, `#total`, `tr.entry`, `a.show`, `#body`,
+//! `#resolution`, `#confirm`, `#outcome`, …) are a contract with the browser test
+//! (`tests/browser.rs`). Everything the page does goes through the same [`crate::admin::desk`]
+//! calls as the JSON API.
+
+use std::sync::Arc;
+
+use axum::Form;
+use axum::extract::{Path, Query, State as Extract};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+use serde_json::Value;
+
+use crate::admin::api::{self, Denied, ListQuery};
+use crate::admin::desk::{Job, JobKind, JobView};
+use crate::admin::state::{AdminState, LaddersView};
+use crate::broker::lot::{self as parking, PageRequest, ParkingError, ReplayOptions, Status};
+use crate::model::lot::filter::Filter;
+use crate::model::lot::record::ParkedEntry;
+use crate::model::lot::text::{format_time, printable};
+use crate::model::protocol::ParkReason;
+
+/// The default rate offered for replaying everything that matches a filter: gentle enough for a
+/// service that just recovered.
+const DEFAULT_BULK_RATE: &str = "50/s";
+
+/// The parked list names the largest this many destinations of its matches; the rest are
+/// counted (a lot may hold entries for hundreds of queues).
+const BREAKDOWN_DESTINATIONS: usize = 12;
+
+/// The pages' one stylesheet, inline; the Content-Security-Policy allows it by its hash
+/// ([`crate::admin::guard::CONTENT_SECURITY_POLICY`]), so any change here is allowed too.
+pub(crate) const STYLE: &str = "
+body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}
+table{border-collapse:collapse;margin:.5rem 0}
+td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f3f3f3}
+pre{background:#f7f7f7;padding:.5rem;overflow:auto;max-height:30rem}
+form#filters label{display:inline-block;margin:.2rem .6rem .2rem 0}
+.error{color:#a00}.ok{color:#070}
+nav a{margin-right:1rem}
+";
+
+fn page(title: &str, body: Markup) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    title { (title) " — Ladder" }
+                    style { (PreEscaped(STYLE)) }
+                }
+                body {
+                    nav { a href="/" { "Ladders" } a href="/metrics" { "Metrics" } a href="/api/ladders" { "JSON" } }
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+        .into_string(),
+    )
+}
+
+/// `s` as one URL path segment (ladder names are checked at load, but a record's copy is not).
+fn segment(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+fn error_page(status: StatusCode, message: &str) -> Response {
+    let body = html! { p #outcome .error { (message) } p { a href="/" { "Back to the ladders" } } };
+    (status, page("Error", body)).into_response()
+}
+
+fn parking_error(e: &ParkingError) -> Response {
+    error_page(api::ApiError::status(e), &e.to_string())
+}
+
+/// A query string from pairs, without empty values.
+fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if !v.is_empty() {
+            out.append_pair(k, v);
+        }
+    }
+    out.finish()
+}
+
+fn rate(value: f64) -> String {
+    format!("{value:.1}/s")
+}
+
+pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<String> {
+    let snapshot = state.snapshots.borrow().clone();
+    let view = LaddersView::new(&state.config, snapshot.as_deref());
+    let depth = |l: &crate::admin::state::LadderView, role: &str| -> String {
+        match l.depths.as_ref().map(|d| d.get(role).copied().flatten()) {
+            Some(Some(n)) => n.to_string(),
+            Some(None) => "missing".into(),
+            None => "?".into(),
+        }
+    };
+    let body = html! {
+        p {
+            "Namespace " code { (view.namespace) } ". "
+            @match view.polled_at_ms {
+                Some(at) => { "Depths polled at " (format_time(at)) "." }
+                None => { "Depths not polled yet." }
+            }
+            @if let Some(e) = &view.broker_error { span .error { " Broker: " (e) } }
+        }
+        table #ladders {
+            tr { th { "Ladder" } th { "Tiers (delay: waiting)" } th { "Intake / due" } th { "Rates" }
+                 th { "Accounting" } th { "Parked, unresolved" } }
+            @for l in &view.ladders {
+                @let status = state.desk.status(&l.name).ok();
+                tr data-ladder=(l.name) {
+                    td { b { (l.name) } br; code { (l.exchange) } br; "max attempts " (l.max_attempts) }
+                    td {
+                        @for t in &l.tiers {
+                            (t.name) ": " (depth(l, &format!("delay.{}", t.name))) br;
+                        }
+                    }
+                    td { (depth(l, "intake")) " / " (depth(l, "due")) }
+                    td {
+                        @match &l.rates {
+                            Some(r) => {
+                                "received " (rate(r.received)) br; "scheduled " (rate(r.scheduled)) br;
+                                "delivered " (rate(r.delivered)) br; "parked " (rate(r.parked))
+                            }
+                            None => { "-" }
+                        }
+                    }
+                    td { @match &l.accounting { Some(a) => { (a.verdict) } None => { "-" } } }
+                    td {
+                        @if let Some(s) = &status {
+                            @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
+                            span .unresolved { (unresolved) } " of " (s.entries) " indexed"
+                            @if !s.caught_up { " (still reading the stream…)" } br;
+                            @for (reason, n) in &s.unresolved.by_reason {
+                                a .reason-link href={ "/ladders/" (l.name) "/parked?reason=" (reason) } { (reason) }
+                                ": " (n) br;
+                            }
+                        }
+                        a .parked-link href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }
+                    }
+                }
+            }
+        }
+    };
+    page("Ladders", body)
+}
+
+fn filter_form(ladder: &str, pairs: &[(String, String)]) -> Markup {
+    let value = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or("", |(_, v)| v.as_str())
+            .to_string()
+    };
+    let text = |key: &str, label: &str, hint: &str| {
+        html! { label { (label) " " input type="text" name=(key) value=(value(key)) placeholder=(hint); } }
+    };
+    let reason = value("reason");
+    html! {
+        form #filters method="get" action={ "/ladders/" (ladder) "/parked" } {
+            (text("destination", "Destination", "queue"))
+            label { "Reason " select name="reason" {
+                option value="" selected[reason.is_empty()] { "any" }
+                @for r in ParkReason::ALL {
+                    option value=(r.code()) selected[reason == r.code()] { (r.code()) }
+                }
+            } }
+            (text("message_id", "Message id", ""))
+            (text("correlation_id", "Correlation id", ""))
+            (text("header", "Header", "key=value"))
+            (text("body", "Body contains", ""))
+            (text("since", "Since", "2h or RFC 3339"))
+            (text("until", "Until", "10m or RFC 3339"))
+            label { input type="checkbox" name="resolved" value="include" checked[!value("resolved").is_empty()];
+                    " include resolved" }
+            " " button #apply type="submit" { "Apply" }
+        }
+    }
+}
+
+pub(crate) async fn list(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path(ladder): Path<String>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let title = format!("Parked — {ladder}");
+    let q = match api::parse_query(&pairs, crate::clock::now_ms()) {
+        Ok(q) => q,
+        Err(e) => {
+            let body = html! { (filter_form(&ladder, &pairs)) p #outcome .error { (e) } };
+            return (StatusCode::BAD_REQUEST, page(&title, body)).into_response();
+        }
+    };
+    let found = match state.desk.list(&ladder, &q.filter, q.page, q.include_resolved).await {
+        Ok(found) => found,
+        Err(e) => return parking_error(&e),
+    };
+    let filters: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter(|(k, _)| k != "offset" && k != "limit")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let paged = |offset: usize| {
+        let offset = offset.to_string();
+        let mut all = filters.clone();
+        all.push(("offset", &offset));
+        format!("/ladders/{ladder}/parked?{}", query_string(all))
+    };
+    let action_link = |action: &str| format!("/ladders/{ladder}/matching/{action}?{}", query_string(filters.clone()));
+    // the same filter narrowed to one reason or destination
+    let narrowed = |key: &str, value: &str| {
+        let mut all: Vec<(&str, &str)> = filters.iter().filter(|(k, _)| *k != key).copied().collect();
+        all.push((key, value));
+        format!("/ladders/{ladder}/parked?{}", query_string(all))
+    };
+    // Grouped counts come from the index alone; a header or body search would read its
+    // candidates a second time for them, so it goes without.
+    let breakdown = if q.filter.needs_records() || found.total == 0 {
+        None
+    } else {
+        state.desk.counts(&ladder, &q.filter, q.include_resolved).await.ok()
+    };
+    let PageRequest { offset, limit } = q.page;
+    let body = html! {
+        (filter_form(&ladder, &pairs))
+        p {
+            span #total { (found.total) } " matching " @if q.include_resolved { "entries" } @else { "unresolved entries" }
+            @if !found.entries.is_empty() { ", showing " (offset + 1) "–" (offset + found.entries.len()) }
+            ". "
+            @if found.total > 0 && !q.filter.is_empty() {
+                a #replay-matching href=(action_link("replay")) { "Replay all matching" } " · "
+                a #discard-matching href=(action_link("discard")) { "Discard all matching" }
+            }
+        }
+        @if let Some(c) = &breakdown {
+            p #breakdown {
+                "By reason: "
+                @for (i, (reason, n)) in c.by_reason.iter().enumerate() {
+                    @if i > 0 { " · " }
+                    a .by-reason href=(narrowed("reason", reason)) { (reason) } " (" (n) ")"
+                }
+                br;
+                "By destination: "
+                @for (i, (destination, n)) in c.by_destination.iter().take(BREAKDOWN_DESTINATIONS).enumerate() {
+                    @if i > 0 { " · " }
+                    @if destination == "-" { "none" } @else {
+                        a .by-destination href=(narrowed("destination", destination)) { (destination) }
+                    }
+                    " (" (n) ")"
+                }
+                @if c.by_destination.len() > BREAKDOWN_DESTINATIONS {
+                    " · and " (c.by_destination.len() - BREAKDOWN_DESTINATIONS) " more"
+                }
+            }
+        }
+        (entries_table(&ladder, &found.entries))
+        p {
+            @if offset > 0 { a #previous href=(paged(offset.saturating_sub(limit))) { "← newer" } " " }
+            @if (offset + found.entries.len()) < found.total as usize { a #next href=(paged(offset + limit)) { "older →" } }
+        }
+    };
+    page(&title, body).into_response()
+}
+
+/// The rows of a parked list.
+fn entries_table(ladder: &str, entries: &[ParkedEntry]) -> Markup {
+    html! {
+        table #entries {
+            tr { th { "Offset" } th { "Parked at" } th { "Reason" } th { "Destination" } th { "Attempts" }
+                 th { "Message id" } th { "Resolution" } }
+            @for e in entries {
+                tr .entry data-offset=(e.offset) {
+                    td { a .show href={ "/ladders/" (ladder) "/parked/" (e.offset) } { (e.offset) } }
+                    td { (format_time(e.envelope.parked_at_ms)) }
+                    td .reason { (printable(&e.envelope.reason)) }
+                    td .destination { (printable(e.envelope.destination.as_deref().unwrap_or("-"))) }
+                    td { (e.envelope.attempts.map_or("-".to_string(), |a| a.to_string())) }
+                    td .message-id { (message_id(e)) }
+                    td { (describe(e)) }
+                }
+            }
+        }
+    }
+}
+
+/// The entry's message id as text (lossy for bytes), `-` when it has none.
+fn message_id(e: &ParkedEntry) -> String {
+    e.envelope
+        .message
+        .properties
+        .get("message_id")
+        .and_then(crate::model::envelope::short_text)
+        .map_or_else(|| "-".into(), |id| printable(&id).into_owned())
+}
+
+fn describe(e: &ParkedEntry) -> String {
+    match &e.resolution {
+        None => "unresolved".into(),
+        Some(r) => match r.action {
+            crate::model::lot::record::Action::Replayed => format!(
+                "replayed to {} by {} at {}",
+                printable(r.to.as_deref().unwrap_or("?")),
+                printable(&r.by),
+                format_time(r.at_ms)
+            ),
+            crate::model::lot::record::Action::Discarded => {
+                format!("discarded by {} at {}", printable(&r.by), format_time(r.at_ms))
+            }
+        },
+    }
+}
+
+fn summary(ladder: &str, e: &ParkedEntry) -> Markup {
+    let v = &e.envelope;
+    html! {
+        table #summary {
+            tr { th { "Entry" } td { (ladder) " @ " (e.offset) } }
+            tr { th { "Reason" } td #reason { (printable(&v.reason)) } }
+            tr { th { "Detail" } td { (printable(&v.detail)) } }
+            tr { th { "Destination" } td #destination { (printable(v.destination.as_deref().unwrap_or("-"))) } }
+            tr { th { "Attempts" } td { (v.attempts.map_or("-".to_string(), |a| a.to_string())) } }
+            @if let Some(first) = v.first_failed_at_ms { tr { th { "First failed" } td { (format_time(first)) } } }
+            tr { th { "Parked at" } td { (format_time(v.parked_at_ms)) " (" (printable(&v.hop)) " hop)" } }
+            tr { th { "Received on" } td {
+                "exchange " code { (printable(shown(&v.message.exchange, "(default)"))) }
+                ", routing key " code { (printable(shown(&v.message.routing_key, "(empty)"))) }
+            } }
+            tr { th { "Resolution" } td #resolution { (describe(e)) } }
+        }
+    }
+}
+
+pub(crate) async fn entry(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset)): Path<(String, u64)>,
+) -> Response {
+    match state.desk.show(&ladder, offset).await {
+        Ok(e) => entry_page(&ladder, &e).into_response(),
+        Err(e) => parking_error(&e),
+    }
+}
+
+/// One entry in full: summary, history, properties, headers with their types, body.
+fn entry_page(ladder: &str, e: &ParkedEntry) -> Html<String> {
+    let offset = e.offset;
+    let props = &e.envelope.message.properties;
+    let body = html! {
+        p { a href={ "/ladders/" (ladder) "/parked" } { "← all parked messages" } }
+        (summary(ladder, e))
+        @if e.resolution.is_none() {
+            p { a #replay href={ "/ladders/" (ladder) "/parked/" (offset) "/replay" } { "Replay…" } " · "
+                a #discard href={ "/ladders/" (ladder) "/parked/" (offset) "/discard" } { "Discard…" } }
+        }
+        h2 { "Attempt history" }
+        @if let Some(from) = &e.envelope.replayed_from { p #replayed-from { "Replayed from " code { (printable(from)) } } }
+        table #history {
+            tr { th { "Attempt" } th { "Tier" } th { "Failed at" } }
+            @for h in &e.envelope.history {
+                tr { td { (h.attempt) } td { (printable(&h.tier)) } td { (format_time(h.failed_at_ms)) } }
+            }
+        }
+        @if e.envelope.history.is_empty() { p { "No history recorded (parked on its first hop, or by an older version)." } }
+        h2 { "Properties" }
+        table #properties {
+            @if let Some(map) = props.as_object() {
+                @for (key, value) in map.iter().filter(|(k, _)| k.as_str() != "headers") {
+                    tr { th { (printable(key)) } td { (property_text(value)) } }
+                }
+            }
+        }
+        h2 { "Headers" }
+        table #headers {
+            tr { th { "Name" } th { "Type" } th { "Value" } }
+            @if let Some(headers) = props.get("headers") {
+                @for (key, typed) in crate::model::envelope::table_entries(headers) {
+                    tr {
+                        td { (printable(&key)) }
+                        td { (printable(typed.get("type").and_then(Value::as_str).unwrap_or("?"))) }
+                        td { code { (header_value_text(typed)) } }
+                    }
+                }
+            }
+        }
+        h2 { "Body" }
+        (body_view(e))
+    };
+    page(&format!("Parked entry {offset}"), body)
+}
+
+/// `name`, or `empty` when it is the empty string (which a page would show as nothing).
+fn shown<'a>(name: &'a str, empty: &'a str) -> &'a str {
+    if name.is_empty() { empty } else { name }
+}
+
+/// A JSON value as [`printable`] text: a string as it is, anything else as JSON.
+fn value_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => printable(s).into_owned(),
+        other => printable(&other.to_string()).into_owned(),
+    }
+}
+
+/// A stored property: its text, or for a short string kept as bytes (`{"base64": …}`) its lossy
+/// text and the bytes' base64.
+fn property_text(value: &Value) -> String {
+    match (
+        value.get("base64").and_then(Value::as_str),
+        crate::model::envelope::short_text(value),
+    ) {
+        (Some(b64), Some(text)) => format!("{} (bytes, base64 {b64})", printable(&text)),
+        _ => value_text(value),
+    }
+}
+
+/// A typed header value: its value, or `base64 …` for bytes.
+fn header_value_text(typed: &Value) -> String {
+    match (typed.get("value"), typed.get("base64")) {
+        (Some(value), _) => value_text(value),
+        (None, Some(b64)) => format!("base64 {}", value_text(b64)),
+        (None, None) => "null".into(),
+    }
+}
+
+fn body_view(e: &ParkedEntry) -> Markup {
+    let apart = e.envelope.message.body_record.as_ref();
+    match e.body() {
+        Ok(bytes) => {
+            let (shown, rest) = bytes.split_at(bytes.len().min(crate::model::lot::text::SHOWN_BODY_BYTES));
+            let note = match (apart, rest.is_empty()) {
+                (Some(_), true) => " (stored apart from the envelope)".to_string(),
+                (Some(_), false) => format!(" (stored apart; the first {} shown)", shown.len()),
+                (None, true) => String::new(),
+                (None, false) => format!(" (the first {} shown)", shown.len()),
+            };
+            // the envelope's ladder is what the record says: encoded, it cannot break out of the URL
+            let ladder = segment(&e.envelope.ladder);
+            let download = format!("/api/ladders/{ladder}/parked/{}/body", e.offset);
+            html! {
+                @match crate::model::lot::text::body_text(shown) {
+                    Some(text) => { p { (bytes.len()) " bytes, text" (note) " · " a #body-download href=(download) { "download" } } pre #body { (text) } },
+                    None => {
+                        p { (bytes.len()) " bytes, binary (hex)" (note) " · " a #body-download href=(download) { "download" } }
+                        pre #body .hex { (crate::model::lot::text::hex_dump(shown)) }
+                    },
+                }
+            }
+        }
+        Err(err) => html! { p #body .error { (err) } },
+    }
+}
+
+/// `replay` or `discard`; anything else is not a page.
+fn action_of(action: &str) -> Option<&'static str> {
+    match action {
+        "replay" => Some("replay"),
+        "discard" => Some("discard"),
+        _ => None,
+    }
+}
+
+fn token_field() -> Markup {
+    html! { label { "Token " input type="password" name="token" autocomplete="off" required; } }
+}
+
+pub(crate) async fn confirm_one(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset, action)): Path<(String, u64, String)>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    match state.desk.show(&ladder, offset).await {
+        Ok(e) => confirm_page(&ladder, action, &e).into_response(),
+        Err(e) => parking_error(&e),
+    }
+}
+
+/// The confirmation form for replaying or discarding one entry, with its summary.
+fn confirm_page(ladder: &str, action: &str, e: &ParkedEntry) -> Html<String> {
+    let offset = e.offset;
+    let body = html! {
+        (summary(ladder, e))
+        form #confirm method="post" action={ "/ladders/" (ladder) "/parked/" (offset) "/" (action) } {
+            @if action == "replay" {
+                p { "Republish this message with a fresh attempt count to:" }
+                label { "Queue " input type="text" name="to" value=(e.envelope.destination.as_deref().unwrap_or("")); }
+            } @else {
+                p { "Mark this message as discarded. Its record stays in the stream until retention removes it." }
+            }
+            " " (token_field()) " "
+            button #confirm-button type="submit" { @if action == "replay" { "Replay" } @else { "Discard" } }
+        }
+        p { a href={ "/ladders/" (ladder) "/parked/" (offset) } { "Cancel" } }
+    };
+    page(&format!("Confirm {action} of entry {offset}"), body)
+}
+
+/// Takes `key` out of form `pairs`.
+fn take(pairs: &mut Vec<(String, String)>, key: &str) -> Option<String> {
+    let i = pairs.iter().position(|(k, _)| k == key)?;
+    Some(pairs.remove(i).1).filter(|v| !v.trim().is_empty())
+}
+
+/// The caller's name for the form's token, or why it is refused (logged).
+fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, &'static str> {
+    api::authorize(&state.config.admin.tokens, token)
+        .map(str::to_string)
+        .map_err(|denied| {
+            let why = match denied {
+                Denied::Missing => "no token was given",
+                Denied::Wrong => "the token matches none in admin.tokens",
+            };
+            tracing::warn!(ladder, "{action} from the web page refused: {why}");
+            why
+        })
+}
+
+/// The refusal page, linking back to the confirmation form at `form`.
+fn refused(why: &str, form: &str) -> Response {
+    let body = html! {
+        p #outcome .error { "Not done: " (why) "." }
+        p { a #back href=(form) { "Back to the confirmation, to enter a valid token" } }
+    };
+    (StatusCode::FORBIDDEN, page("Not done", body)).into_response()
+}
+
+pub(crate) async fn act_on_one(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset, action)): Path<(String, u64, String)>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
+        Ok(by) => by,
+        Err(why) => return refused(why, &format!("/ladders/{ladder}/parked/{offset}/{action}")),
+    };
+    let filter = Filter {
+        offsets: Some([offset].into()),
+        ..Filter::default()
+    };
+    let job = if action == "replay" {
+        let options = ReplayOptions {
+            to: take(&mut pairs, "to"),
+            rate: None,
+            dry_run: false,
+            by,
+        };
+        state.desk.replay(&ladder, filter, options)
+    } else {
+        state.desk.discard(&ladder, filter, by)
+    };
+    match job {
+        Ok(job) => job_answer(&state, &job, Some(offset)).await,
+        Err(e) => parking_error(&e),
+    }
+}
+
+/// How long a form post waits for its job before it sends the operator to the job's page.
+const PAGE_JOB_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The answer to a form post that started `job`: its outcome page when it ends within
+/// [`PAGE_JOB_WAIT`], else a redirect to its progress page (which refreshes itself).
+async fn job_answer(state: &AdminState, job: &Job, offset: Option<u64>) -> Response {
+    let view = state.desk.wait(job, PAGE_JOB_WAIT).await;
+    if view.done {
+        return outcome_page(&view, offset);
+    }
+    let to = format!("/ladders/{}/jobs/{}", segment(&view.ladder), view.id);
+    (StatusCode::SEE_OTHER, [(axum::http::header::LOCATION, to)]).into_response()
+}
+
+/// `GET /ladders/{ladder}/jobs/{id}`: a job's progress, refreshing every two seconds until it
+/// ends, then its outcomes.
+pub(crate) async fn job_page(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, id)): Path<(String, u64)>,
+) -> Response {
+    match state.desk.job(&ladder, id) {
+        Ok(view) => outcome_page(&view, None),
+        Err(e) => parking_error(&e),
+    }
+}
+
+fn outcome_page(view: &JobView, offset: Option<u64>) -> Response {
+    let ladder = view.ladder.as_str();
+    let action = view.kind.to_string();
+    let failed = view
+        .outcomes
+        .iter()
+        .filter(|o| matches!(o.status, Status::Failed { .. }))
+        .count();
+    let done = view.outcomes.len() - failed;
+    let verb = match view.kind {
+        JobKind::Replay => "replayed",
+        JobKind::Discard => "discarded",
+    };
+    let title = format!("{ladder} {action} #{}", view.id);
+    let body = html! {
+        @if !view.done { meta http-equiv="refresh" content="2"; }
+        p #outcome .(if failed == 0 && view.error.is_none() { "ok" } else { "error" }) {
+            @if let Some(error) = &view.error { "Stopped: " (error) ". " }
+            @if !view.done {
+                "Running: " (view.outcomes.len()) " of " (view.selected.map_or("?".to_string(), |n| n.to_string())) " done"
+                @if failed > 0 { " (" (failed) " failed)" } "; this page refreshes itself."
+            } @else if view.outcomes.is_empty() && view.error.is_none() {
+                "Nothing to " (action) ": no unresolved entry matched (another operator may have resolved it)."
+            } @else {
+                (done) " " (verb) @if failed > 0 { ", " (failed) " failed" } "."
+            }
+            @if view.left_over > 0 { " " (view.left_over) " more match; run it again for the next batch." }
+        }
+        p { "Started by " (view.by) " at " (format_time(view.started_at_ms)) "." }
+        table #outcomes {
+            tr { th { "Offset" } th { "To" } th { "Result" } }
+            @for o in &view.outcomes {
+                tr {
+                    td { a href={ "/ladders/" (segment(ladder)) "/parked/" (o.offset) } { (o.offset) } }
+                    td { (o.to.as_deref().unwrap_or("-")) }
+                    td { @match &o.status {
+                        Status::Replayed => { "replayed" }
+                        Status::WouldReplay => { "would replay" }
+                        Status::Discarded => { "discarded" }
+                        Status::Failed { error } => { span .error { "failed: " (error) } }
+                    } }
+                }
+            }
+        }
+        p {
+            @if let Some(offset) = offset { a href={ "/ladders/" (segment(ladder)) "/parked/" (offset) } { "Back to the entry" } " · " }
+            a href={ "/ladders/" (segment(ladder)) "/parked" } { "Parked messages" }
+        }
+    };
+    let status = match view.failure {
+        Some(kind) => api::ApiError::status_of(kind),
+        None if failed > 0 => StatusCode::BAD_GATEWAY,
+        None => StatusCode::OK,
+    };
+    (status, page(&title, body)).into_response()
+}
+
+/// A listing query for bulk actions: the filter only (paging and `resolved` do not apply).
+fn bulk_query(pairs: &[(String, String)]) -> Result<ListQuery, ParkingError> {
+    let filter_only: Vec<(String, String)> = pairs
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "offset" | "limit" | "resolved"))
+        .cloned()
+        .collect();
+    let q = api::parse_query(&filter_only, crate::clock::now_ms())?;
+    if q.filter.is_empty() {
+        return Err(ParkingError::Invalid(
+            "choose at least one filter before acting on everything that matches".into(),
+        ));
+    }
+    Ok(q)
+}
+
+pub(crate) async fn confirm_matching(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, action)): Path<(String, String)>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let q = match bulk_query(&pairs) {
+        Ok(q) => q,
+        Err(e) => return parking_error(&e),
+    };
+    let count = PageRequest { offset: 0, limit: 0 };
+    let total = match state.desk.list(&ladder, &q.filter, count, false).await {
+        Ok(found) => found.total,
+        Err(e) => return parking_error(&e),
+    };
+    let body = html! {
+        p { "Filter: " code { (query_string(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))) } }
+        p { span #count { (total) } " unresolved entries match now (at most " (parking::MAX_ACTION_BATCH) " per run)." }
+        form #confirm method="post" action={ "/ladders/" (ladder) "/matching/" (action) } {
+            @for (k, v) in pairs.iter().filter(|(k, _)| !matches!(k.as_str(), "offset" | "limit" | "resolved")) {
+                input type="hidden" name=(k) value=(v);
+            }
+            @if action == "replay" {
+                p { "Republish each to its destination with a fresh attempt count." }
+                label { "Rate " input type="text" name="rate" value=(DEFAULT_BULK_RATE); }
+                " "
+            } @else {
+                p { "Mark each as discarded." }
+            }
+            (token_field()) " "
+            button #confirm-button type="submit" { @if action == "replay" { "Replay " (total) } @else { "Discard " (total) } }
+        }
+        p { a href={ "/ladders/" (ladder) "/parked?" (query_string(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))) } { "Cancel" } }
+    };
+    page(&format!("Confirm {action} of matching entries — {ladder}"), body).into_response()
+}
+
+pub(crate) async fn act_on_matching(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, action)): Path<(String, String)>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let Some(action) = action_of(&action) else {
+        return error_page(StatusCode::NOT_FOUND, "no such page");
+    };
+    let rate = take(&mut pairs, "rate");
+    let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, action) {
+        Ok(by) => by,
+        Err(why) => {
+            let filters = query_string(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            return refused(why, &format!("/ladders/{ladder}/matching/{action}?{filters}"));
+        }
+    };
+    let q = match bulk_query(&pairs) {
+        Ok(q) => q,
+        Err(e) => return parking_error(&e),
+    };
+    let job = if action == "replay" {
+        let rate = match rate
+            .map(|r| r.parse::<crate::model::lot::pace::Rate>())
+            .transpose()
+            .map_err(ParkingError::from)
+        {
+            Ok(rate) => rate,
+            Err(e) => return parking_error(&e),
+        };
+        let options = ReplayOptions {
+            to: None,
+            rate,
+            dry_run: false,
+            by,
+        };
+        state.desk.replay(&ladder, q.filter, options)
+    } else {
+        state.desk.discard(&ladder, q.filter, by)
+    };
+    match job {
+        Ok(job) => job_answer(&state, &job, None).await,
+        Err(e) => parking_error(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::model::envelope::Envelope;
+    use crate::model::envelope::testing::{
+        DEEP_LEVELS, LONG, OUT_OF_RANGE_TIMES, deep_record, entry_at, odd_entry, parked_entry,
+    };
+
+    /// Every page that shows an entry: in full, both confirmations, its row in the list.
+    fn pages(e: &ParkedEntry) -> [String; 4] {
+        [
+            entry_page("default", e).0,
+            confirm_page("default", "discard", e).0,
+            confirm_page("default", "replay", e).0,
+            entries_table("default", std::slice::from_ref(e)).into_string(),
+        ]
+    }
+
+    /// The control characters in `page` other than the newlines and tabs of the markup.
+    fn raw_controls(page: &str) -> Vec<char> {
+        page.chars()
+            .filter(|c| (c.is_control() && !matches!(c, '\n' | '\t')) || *c == '\u{202e}')
+            .collect()
+    }
+
+    #[test]
+    fn times_out_of_range_show_as_the_number() {
+        for ms in OUT_OF_RANGE_TIMES {
+            let [entry, discard, replay, row] = pages(&entry_at(ms));
+            // first failed, parked at, the history's failure and the resolution
+            assert_eq!(entry.matches(&ms.to_string()).count(), 4, "{entry}");
+            for page in [discard, replay] {
+                assert_eq!(page.matches(&ms.to_string()).count(), 3, "{page}");
+            }
+            assert_eq!(row.matches(&ms.to_string()).count(), 2, "{row}");
+        }
+    }
+
+    #[test]
+    fn odd_values_show_visibly() {
+        let e = odd_entry();
+        let [entry, discard, _, row] = pages(&e);
+        let long = "x".repeat(LONG);
+        assert!(entry.contains(&format!("<code>&quot;{long}&quot;</code>")) || entry.contains(&long));
+        let entry = entry.replace(&long, "x…");
+        for page in [&entry, &discard, &row] {
+            assert!(raw_controls(page).is_empty(), "{:?} in\n{page}", raw_controls(page));
+        }
+        for expected in [
+            "max-attempts\\u{1b}[2J",
+            "line one\\nline two\\r\\0\\u{9b}",
+            "(du\\u{7}e hop)",
+            "discarded by o\\u{1b}ps",
+            "id-\u{fffd}\\u{1b}[2J (bytes, base64 aWQt/xtbMko=)",
+            "c\\u{7}\\u{202e}1",
+            "<td>1e+300</td>",
+            "<td>18446744073709551615</td>",
+            "{&quot;base64&quot;:&quot;not base64!&quot;}",
+            "<td>k\u{fffd}\\0</td><td>double</td><td><code>NaN</code>",
+            "<td>k</td><td>float</td><td><code>inf</code>",
+            "<td>k</td><td>double</td><td><code>-inf</code>",
+            "a\\nb\\u{1b}[31m\\u{9b}",
+            "<code>base64 /wAb</code>",
+            "<code>-9223372036854775808</code>",
+            "8 bytes, binary (hex)",
+        ] {
+            assert!(entry.contains(expected), "{expected:?} not in\n{entry}");
+        }
+        assert!(
+            row.contains("id-\u{fffd}\\u{1b}[2J") && row.contains("or\\nders"),
+            "{row}"
+        );
+    }
+
+    /// The admin server's threads have [`crate::DEEP_STACK_BYTES`] of stack (the binary builds
+    /// its runtime so): a header nested 24 000 levels deep renders there, in HTML and in JSON.
+    #[test]
+    fn a_header_nested_24000_deep_renders_on_the_admin_threads_stack() {
+        let render = || {
+            let envelope = Envelope::from_slice(&deep_record(DEEP_LEVELS, "orders")).unwrap();
+            let e = ParkedEntry {
+                offset: 7,
+                envelope,
+                resolution: None,
+                body_apart: None,
+            };
+            let [entry, ..] = pages(&e);
+            assert!(entry.contains("bottom") && entry.contains("<td>deep</td><td>field-array</td>"));
+            let json = serde_json::to_string(&e).unwrap();
+            assert!(json.contains("bottom"));
+        };
+        std::thread::Builder::new()
+            .stack_size(crate::DEEP_STACK_BYTES)
+            .spawn(render)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Any entry a record can hold renders on every page, and nothing from it reaches a
+        /// page as a raw control character (but the replay form's queue, which is submitted
+        /// as it stands, and a text body's tabs and carriage returns).
+        #[test]
+        fn every_page_renders_any_entry(e in parked_entry()) {
+            let [entry, discard, _, row] = pages(&e);
+            for page in [entry, discard, row] {
+                let raw: Vec<char> = raw_controls(&page).into_iter().filter(|c| c.is_control() && *c != '\r').collect();
+                prop_assert!(raw.is_empty(), "{:?} in {}", raw, page);
+            }
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! The broker shell: everything that talks AMQP — connecting, declaring the topology, the
+//! relay loops and their supervisor, and reading and acting on the parking lot.
+
+pub mod cancels;
+pub mod lot;
+pub mod relay;
+pub mod supervisor;
+pub mod topology;

@@ -1,0 +1,575 @@
+//! The consume loops of a ladder — intake, due and quarantine — and the parking of what they
+//! cannot forward.
+//!
+//! Each loop owns one channel in confirm mode: it takes up to `prefetch` deliveries, decides
+//! each one with [`crate::model::protocol`], publishes the replacement and acks the delivery only once
+//! the broker confirmed that publish. Many publishes are in flight at once (the prefetch bounds
+//! them); nothing waits for one confirm before sending the next. A broker error ends the loop,
+//! and the supervisor reconnects: unacked deliveries go back to their queue, so the worst case
+//! is a duplicate, never a loss.
+//!
+//! No single message or destination may hold a loop up:
+//! - the due hop has at most `max_in_flight_per_destination` deliveries in flight to one queue
+//!   ([`gate`]); more for it wait for a slot briefly while it keeps confirming, else they — and
+//!   what it refuses (a nack) — go back into a tier without an attempt being counted
+//!   ([`crate::model::protocol::HopContext::defer`]), so a full or stalled queue cannot take the
+//!   prefetch from the others;
+//! - a message whose handling panics (a bug) is parked as `internal-error` instead of taking the
+//!   session down again at every redelivery;
+//! - a body too large for an envelope is parked apart, as a record of its own
+//!   ([`BODY_INLINE_MAX`]).
+
+mod gate;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use ladder_amqp::{BasicProperties, Channel, Confirmation, Connection, Delivery, FieldTable, ShortString};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::broker::topology::Names;
+use crate::clock::{now_ms, unique_id};
+use crate::metrics::{InFlight, LadderMetrics};
+use crate::model::backoff::Backoff;
+use crate::model::cancels::SharedCancellations;
+use crate::model::envelope::{BODY_FORMAT, BodyRecord, Envelope, FORMAT, OriginalMessage};
+use crate::model::ladder::LadderSpec;
+use crate::model::ladder::Limits;
+use crate::model::protocol::{
+    self, Arrival, Decision, DeferReason, Forward, ForwardKind, HopContext, Park, ParkReason, long_string,
+};
+use crate::telemetry::{HopTrace, Telemetry};
+
+use gate::{BUSY_WAIT, DestinationGate, GatePermit};
+
+/// First pause before publishing again after the broker nacked a publish into a tier or
+/// refused a park (the stream is missing). The delivery is held, not requeued: a requeue would
+/// come straight back, and counts against a quorum queue's delivery limit.
+const RETRY_MIN: Duration = Duration::from_millis(500);
+
+/// The pause doubles up to this; the held delivery occupies one prefetch slot meanwhile.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// A body larger than this is parked as a record of its own, before the envelope that names
+/// it, instead of inside the envelope in base64 (4/3 of its size): the envelope would pass
+/// RabbitMQ's `max_message_size` (16 MiB on 4.x, 128 MiB on 3.x) well before the body does, and
+/// the index reads every envelope whole. 1 MiB keeps every envelope small.
+pub const BODY_INLINE_MAX: usize = 1024 * 1024;
+
+pub use crate::model::names::Hop;
+
+/// A ladder with everything its loops need, shared by its loops.
+#[derive(Debug)]
+pub struct LadderRuntime {
+    /// The ladder.
+    pub spec: LadderSpec,
+    /// Its names.
+    pub names: Names,
+    /// Bounds.
+    pub limits: Limits,
+    /// Its metric handles.
+    pub metrics: LadderMetrics,
+    /// Tracing.
+    pub telemetry: Telemetry,
+    /// The ladder's cancelled message ids (filled by `broker::cancels::follow`).
+    pub cancels: Arc<SharedCancellations>,
+}
+
+impl LadderRuntime {
+    /// Whether the message's id was cancelled.
+    fn cancelled(&self, props: &ladder_amqp::BasicProperties) -> bool {
+        !self.cancels.is_empty()
+            && props
+                .message_id
+                .as_ref()
+                .is_some_and(|id| self.cancels.contains(id.as_bytes(), now_ms()))
+    }
+
+    fn context(&self) -> HopContext<'_> {
+        HopContext {
+            spec: &self.spec,
+            names: &self.names,
+            limits: &self.limits,
+        }
+    }
+
+    fn queue(&self, hop: Hop) -> &str {
+        match hop {
+            Hop::Intake => &self.names.intake_queue,
+            Hop::Due => &self.names.due,
+            Hop::Quarantine => &self.names.quarantine,
+        }
+    }
+}
+
+/// Why a loop stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The channel or connection failed.
+    #[error("{hop} loop of ladder {ladder}: {source}")]
+    Broker {
+        /// Which loop.
+        hop: Hop,
+        /// Which ladder.
+        ladder: String,
+        /// The client's error.
+        #[source]
+        source: ladder_amqp::Error,
+    },
+    /// The broker cancelled the consumer (its queue was deleted).
+    #[error("{hop} loop of ladder {ladder}: the broker cancelled the consumer")]
+    Cancelled {
+        /// Which loop.
+        hop: Hop,
+        /// Which ladder.
+        ladder: String,
+    },
+}
+
+/// What a loop left behind when it stopped for shutdown.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Deliveries still unsettled when the grace period ran out; the broker redelivers them.
+    pub abandoned: usize,
+}
+
+/// A running loop's consumer is subscribed; the supervisor waits for every loop's before it
+/// reports ready.
+pub type Subscribed = tokio::sync::oneshot::Sender<()>;
+
+/// Consumes `hop` of `ladder` until `shutdown`, then drains in-flight work for up to `grace`.
+/// `subscribed` is told once the consumer runs.
+pub async fn serve(
+    hop: Hop,
+    ladder: Arc<LadderRuntime>,
+    connection: &Connection,
+    shutdown: CancellationToken,
+    grace: Duration,
+    subscribed: Option<Subscribed>,
+) -> Result<Drained, RelayError> {
+    let broker = |source| RelayError::Broker {
+        hop,
+        ladder: ladder.spec.name.clone(),
+        source,
+    };
+    let channel = connection.create_channel().await.map_err(broker)?;
+    channel.basic_qos(ladder.limits.prefetch).await.map_err(broker)?;
+    channel.confirm_select().await.map_err(broker)?;
+    let queue = ladder.queue(hop);
+    let mut consumer = channel
+        .basic_consume(queue, "", false, FieldTable::new())
+        .await
+        .map_err(broker)?;
+    info!(queue, "consuming");
+    if let Some(subscribed) = subscribed {
+        let _ = subscribed.send(());
+    }
+
+    let limit = usize::from(ladder.limits.max_in_flight_per_destination);
+    // deliveries beyond a busy destination's bound may wait for its slots, in what of the
+    // prefetch its bound leaves
+    let waiting = usize::from(ladder.limits.prefetch).saturating_sub(limit);
+    let gate = Arc::new(DestinationGate::new(limit, waiting, BUSY_WAIT));
+    let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
+    // made once: a fresh `cancelled()` per message would register with the token each time
+    let stopping = shutdown.cancelled();
+    tokio::pin!(stopping);
+    loop {
+        tokio::select! {
+            biased;
+            Some(settled) = in_flight.next() => { let settled: ladder_amqp::Result<()> = settled; settled.map_err(broker)? }
+            () = &mut stopping => break,
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => in_flight.push(handle(hop, ladder.clone(), channel.clone(), gate.clone(), delivery)),
+                Some(Err(source)) => return Err(broker(source)),
+                None => return Err(RelayError::Cancelled { hop, ladder: ladder.spec.name.clone() }),
+            },
+        }
+    }
+
+    // Stop taking work, then finish what is in flight within the grace period.
+    let _ = channel.basic_cancel(consumer.tag()).await;
+    let finish = async {
+        while let Some(settled) = in_flight.next().await {
+            settled?;
+        }
+        Ok::<(), ladder_amqp::Error>(())
+    };
+    let drained = match tokio::time::timeout(grace, finish).await {
+        Ok(Ok(())) => Drained::default(),
+        Ok(Err(source)) => return Err(broker(source)),
+        Err(_) => Drained {
+            abandoned: in_flight.len(),
+        },
+    };
+    // Closing the channel hands anything unsettled back to the queue.
+    let _ = channel.close(200, "shutdown").await;
+    Ok(drained)
+}
+
+/// One delivery, from receipt to ack. A panic while handling it (a bug) parks it as
+/// `internal-error` rather than ending the session, which would redeliver it — and panic — again.
+///
+/// An async block, not an async fn: an async fn keeps its arguments twice in its state (as
+/// passed, and as its locals), and the delivery alone is some 700 bytes of the future allocated
+/// for every delivery.
+#[allow(clippy::manual_async_fn, reason = "an async fn would keep the delivery twice")]
+fn handle(
+    hop: Hop,
+    ladder: Arc<LadderRuntime>,
+    channel: Channel,
+    gate: Arc<DestinationGate>,
+    delivery: Delivery,
+) -> impl Future<Output = ladder_amqp::Result<()>> {
+    async move {
+        let started = Instant::now();
+        let metrics = ladder.metrics.hop(hop);
+        let _in_flight = InFlight::enter(&metrics.in_flight);
+        metrics.received.inc();
+        if hop == Hop::Intake && !delivery.redelivered {
+            ladder.metrics.entered.inc();
+        }
+        let handled = AssertUnwindSafe(settle(hop, &ladder, &channel, &gate, &delivery))
+            .catch_unwind()
+            .await;
+        match handled {
+            Ok(result) => result?,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                error!(ladder = %ladder.spec.name, %hop, panic = %what, "handling a message failed; parking it as internal-error");
+                let park = Park {
+                    reason: ParkReason::InternalError,
+                    detail: format!("the service failed while handling it ({what}); parked as received"),
+                    destination: None,
+                    attempts: None,
+                    first_failed_at_ms: None,
+                    history: Vec::new(),
+                    replayed_from: None,
+                };
+                Box::pin(park_until_confirmed(hop, &ladder, &channel, &delivery, &park, None)).await?;
+            }
+        }
+        channel.basic_ack(delivery.delivery_tag, false)?;
+        metrics.duration.observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+}
+
+/// The publish that settles one delivery, as it evolves: a refused delivery is deferred, a
+/// returned one parked.
+enum Step {
+    /// Intake: into a tier.
+    Schedule(Box<Forward>),
+    /// Due: to the destination, holding one of its in-flight slots.
+    Deliver(Box<Forward>, GatePermit),
+    /// Due: back into a tier.
+    Defer(DeferReason),
+    /// Into the parking lot.
+    Park(Park),
+}
+
+/// Decides, publishes and waits for the broker until the delivery's replacement is confirmed.
+async fn settle(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    channel: &Channel,
+    gate: &DestinationGate,
+    delivery: &Delivery,
+) -> ladder_amqp::Result<()> {
+    let metrics = ladder.metrics.hop(hop);
+    let now = now_ms();
+    let props = &delivery.properties;
+    let trace = ladder
+        .telemetry
+        .start_hop(hop, &ladder.names, &ladder.spec.name, props, delivery.body.len(), now);
+    let arrival = Arrival {
+        now_ms: now,
+        routing_key: delivery.routing_key.as_bytes(),
+        draw: fastrand::f64(),
+        cancelled: ladder.cancelled(props),
+    };
+    let decide = |props| match hop {
+        Hop::Intake => ladder.context().intake_at(props, &arrival),
+        Hop::Due => ladder.context().due_at(props, &arrival),
+        Hop::Quarantine => Decision::Park(ladder.context().dead_lettered(props)),
+    };
+    let decision = match &delivery.undecodable {
+        None => decide(props),
+        // parked as the bytes received; the shallow headers still say where it was headed
+        Some(raw) => Decision::Park(protocol::undecodable(&raw.error, raw.lossy.as_ref().map(decide))),
+    };
+    if let Some(trace) = &trace {
+        trace.decided(&decision);
+    }
+    let trace = trace.as_ref();
+    let mut step = match decision {
+        Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => {
+            match gate.enter(&forward.destination).await {
+                Some(permit) => Step::Deliver(forward, permit),
+                None => Step::Defer(DeferReason::Busy),
+            }
+        }
+        Decision::Forward(forward) => Step::Schedule(forward),
+        Decision::Park(park) => Step::Park(park),
+    };
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        let publish = match &step {
+            Step::Schedule(forward) | Step::Deliver(forward, _) => {
+                publish_confirmed(
+                    channel,
+                    trace,
+                    &forward.exchange,
+                    &forward.routing_key,
+                    &delivery.body,
+                    &forward.properties,
+                )?
+                .await?
+            }
+            Step::Defer(reason) => {
+                // made and published in a block of its own, so it is not kept across the wait
+                let confirmed = {
+                    let forward = ladder.context().defer(props, *reason, now_ms());
+                    publish_confirmed(
+                        channel,
+                        trace,
+                        &forward.exchange,
+                        &forward.routing_key,
+                        &delivery.body,
+                        &forward.properties,
+                    )
+                };
+                confirmed?.await?
+            }
+            // boxed: parking is rare, and its state would make every delivery's future larger
+            Step::Park(park) => Box::pin(park_one(hop, ladder, channel, delivery, park, trace)).await?,
+        };
+        step = match (step, publish) {
+            (Step::Schedule(forward), Confirmation::Ack) => {
+                ladder.metrics.scheduled(&forward.routing_key);
+                debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                       tier = %forward.routing_key, trace_id = %trace_id(trace), "scheduled");
+                return Ok(());
+            }
+            (Step::Deliver(forward, _permit), Confirmation::Ack) => {
+                ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
+                debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                       late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
+                return Ok(());
+            }
+            (Step::Defer(reason), Confirmation::Ack) => {
+                ladder.metrics.deferred(reason);
+                return Ok(());
+            }
+            (Step::Park(_), Confirmation::Ack) => return Ok(()),
+            (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
+                metrics.returned.inc();
+                Step::Park(protocol::no_route(
+                    hop,
+                    &delivery.properties,
+                    &forward,
+                    returned.reply_code,
+                    &returned.reply_text,
+                ))
+            }
+            (Step::Defer(_), Confirmation::Returned(returned)) => {
+                metrics.returned.inc();
+                let forward = ladder.context().defer(props, DeferReason::Busy, now);
+                Step::Park(protocol::no_route(
+                    hop,
+                    &delivery.properties,
+                    &forward,
+                    returned.reply_code,
+                    &returned.reply_text,
+                ))
+            }
+            (Step::Deliver(forward, permit), Confirmation::Nack | Confirmation::NotRequested) => {
+                // the destination refused it: back into a tier, not held here
+                drop(permit);
+                gate.log_refusal(&ladder.spec.name, &forward.destination, || trace_id(trace));
+                if let Some(trace) = trace {
+                    trace.failed("destination-refused");
+                }
+                Step::Defer(DeferReason::Refused)
+            }
+            (step, Confirmation::Nack | Confirmation::NotRequested | Confirmation::Returned(_)) => {
+                // a tier or the parking lot refused it: the broker is in trouble, hold and retry
+                metrics.publish_failures.inc();
+                if let Some(trace) = trace {
+                    trace.failed("publish-refused");
+                }
+                let pause = backoff.next_wait();
+                warn!(ladder = %ladder.spec.name, %hop, retry_in = ?pause, "broker refused a publish; holding the delivery and publishing again");
+                Box::pin(tokio::time::sleep(pause)).await;
+                step
+            }
+        };
+    }
+}
+
+/// Parks `delivery`, publishing again with backoff until the broker confirms.
+async fn park_until_confirmed(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    channel: &Channel,
+    delivery: &Delivery,
+    park: &Park,
+    trace: Option<&HopTrace>,
+) -> ladder_amqp::Result<()> {
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    loop {
+        if let Confirmation::Ack = park_one(hop, ladder, channel, delivery, park, trace).await? {
+            return Ok(());
+        }
+        ladder.metrics.hop(hop).publish_failures.inc();
+        tokio::time::sleep(backoff.next_wait()).await;
+    }
+}
+
+/// Publishes the parked record of `delivery` (and, for a large body, the body's own record
+/// first); `Ack` once the broker confirmed all of it.
+async fn park_one(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    channel: &Channel,
+    delivery: &Delivery,
+    park: &Park,
+    trace: Option<&HopTrace>,
+) -> ladder_amqp::Result<Confirmation> {
+    let reason = park.reason;
+    let message = if delivery.body.len() > BODY_INLINE_MAX {
+        let record = BodyRecord {
+            id: unique_id(&ladder.spec.name),
+            bytes: delivery.body.len() as u64,
+        };
+        let mut headers = FieldTable::default();
+        headers.set("parked-ladder", long_string(&ladder.spec.name));
+        headers.set("parked-body-of", long_string(&record.id));
+        let properties = BasicProperties {
+            delivery_mode: Some(2),
+            content_type: Some(short("application/octet-stream")),
+            kind: Some(short(BODY_FORMAT)),
+            message_id: ShortString::try_from(record.id.as_str()).ok(),
+            headers: Some(headers),
+            ..Default::default()
+        };
+        let stored = publish_confirmed(channel, trace, "", &ladder.names.parked, &delivery.body, &properties)?.await?;
+        if stored != Confirmation::Ack {
+            error!(ladder = %ladder.spec.name, parked = %ladder.names.parked, "the parking lot refused a body record; holding the message and parking again");
+            return Ok(stored);
+        }
+        OriginalMessage::capture_delivery_apart(delivery, record)
+    } else {
+        OriginalMessage::capture_delivery(delivery)
+    };
+    let envelope = Envelope {
+        format: FORMAT.to_string(),
+        reason: reason.code().to_string(),
+        detail: park.detail.clone(),
+        ladder: ladder.spec.name.clone(),
+        destination: park.destination.clone(),
+        attempts: park.attempts,
+        first_failed_at_ms: park.first_failed_at_ms,
+        history: park.history.clone(),
+        replayed_from: park.replayed_from.clone(),
+        parked_at_ms: now_ms(),
+        hop: hop.to_string(),
+        message,
+    };
+    let body = serde_json::to_vec(&envelope).expect("an envelope of JSON values always serializes");
+    let mut headers = FieldTable::default();
+    // Plain strings only: streams on 3.10 keep these, and they let tools filter without decoding.
+    headers.set("parked-reason", long_string(&envelope.reason));
+    headers.set("parked-ladder", long_string(&envelope.ladder));
+    if let Some(destination) = &envelope.destination {
+        headers.set("parked-destination", long_string(destination));
+    }
+    let properties = BasicProperties {
+        delivery_mode: Some(2),
+        content_type: Some(short("application/json")),
+        kind: Some(short(FORMAT)),
+        headers: Some(headers),
+        message_id: delivery.properties.message_id.clone(),
+        ..Default::default()
+    };
+    let confirmation = publish_confirmed(channel, trace, "", &ladder.names.parked, &body, &properties)?.await?;
+    if let Confirmation::Ack = confirmation {
+        ladder.metrics.parked(reason);
+        if let Some(trace) = trace {
+            trace.parked(reason.code());
+        }
+        warn!(
+            ladder = %envelope.ladder,
+            %hop,
+            reason = %envelope.reason,
+            destination = envelope.destination.as_deref().unwrap_or("-"),
+            attempts = envelope.attempts.unwrap_or(0),
+            detail = %envelope.detail,
+            trace_id = %trace_id(trace),
+            "parked message"
+        );
+    } else {
+        error!(
+            ladder = %envelope.ladder,
+            parked = %ladder.names.parked,
+            reason = %envelope.reason,
+            "the parking lot refused a message; holding it and parking again"
+        );
+    }
+    Ok(confirmation)
+}
+
+/// Publishes persistent and mandatory, and returns the wait for the broker's confirm, which
+/// traces the send. The frames are written before it returns, so the wait borrows nothing:
+/// the caller may drop what it published from first.
+fn publish_confirmed(
+    channel: &Channel,
+    trace: Option<&HopTrace>,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: &BasicProperties,
+) -> ladder_amqp::Result<impl Future<Output = ladder_amqp::Result<Confirmation>> + use<>> {
+    let (send, confirm) = match trace {
+        Some(trace) => {
+            // the send span's context goes into the headers published: a copy, only when tracing
+            let (send, traced) = trace.send(exchange, routing_key, properties.clone());
+            (
+                Some(send),
+                channel.basic_publish(exchange, routing_key, true, &traced, body)?,
+            )
+        }
+        None => (
+            None,
+            channel.basic_publish(exchange, routing_key, true, properties, body)?,
+        ),
+    };
+    Ok(async move {
+        let confirmation = confirm.await?;
+        if let Some(send) = send {
+            send.finish(match &confirmation {
+                Confirmation::Ack => None,
+                Confirmation::Returned(_) => Some("no-route"),
+                Confirmation::Nack | Confirmation::NotRequested => Some("nacked"),
+            });
+        }
+        Ok(confirmation)
+    })
+}
+
+/// A short string of a name this crate controls (a content type, a format tag).
+fn short(text: &str) -> ShortString {
+    ShortString::try_from(text).expect("a constant of at most 255 bytes")
+}
+
+fn trace_id(trace: Option<&HopTrace>) -> String {
+    trace.map_or_else(|| "-".to_string(), HopTrace::trace_id)
+}

@@ -1,0 +1,330 @@
+//! The due hop's bound on deliveries in flight to one destination queue.
+//!
+//! At most `limit` publishes to one destination wait for their confirms at a time. A delivery
+//! for a destination at its bound waits for one of its slots while the destination is moving —
+//! it freed a slot within the last [`BUSY_WAIT`] — for at most [`BUSY_WAIT`], beside at most
+//! `waiting` others; otherwise it is deferred: put back into a tier. So a healthy queue that is
+//! merely busy (its confirms take longer in a burst) is not sent round a tier, which costs a
+//! publish, a second pass through the due hop and at least the shortest tier's delay; and a
+//! queue that stops confirming keeps, from [`BUSY_WAIT`] after its last confirm on, at most
+//! `limit` of the prefetch: what it has in flight.
+//!
+//! It must not publish or decide anything: it only counts. It sits on every due delivery's path,
+//! so a destination below its bound costs one map lookup to enter and one to leave, and no
+//! allocation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+
+/// How long a delivery for a destination at its bound may wait for a slot, and how recently
+/// the destination must have freed one for a delivery to wait at all. Longer than the stalls a
+/// busy broker has now and then (hundreds of milliseconds), so that a burst costs lateness, not
+/// a round trip through a tier; short enough that a queue that stopped confirming gives the
+/// slots of its waiting deliveries back within a second.
+pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// A destination's first refusal after this long without one is logged at WARN; the others at
+/// DEBUG (the metric counts them all), so a full queue does not flood the log.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Bounds the due hop's deliveries in flight per destination queue.
+#[derive(Debug)]
+pub(crate) struct DestinationGate {
+    limit: usize,
+    waiting: usize,
+    wait: Duration,
+    state: Arc<Mutex<GateState>>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Destinations with a delivery in flight or waiting; an idle one has no entry.
+    slots: HashMap<Arc<str>, Slots>,
+    last_refusal: HashMap<String, Instant>,
+}
+
+/// One destination's count, beside its name (the map's key, shared with the permits).
+#[derive(Debug)]
+struct Slots {
+    destination: Arc<str>,
+    taken: usize,
+    waiting: usize,
+    /// When the destination last reached its bound or freed a slot at it: a delivery waits
+    /// only for a destination that did within the last [`BUSY_WAIT`].
+    moved: tokio::time::Instant,
+    freed: Arc<Notify>,
+}
+
+/// One delivery's slot for its destination, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct GatePermit {
+    destination: Arc<str>,
+    limit: usize,
+    state: Arc<Mutex<GateState>>,
+}
+
+impl Drop for GatePermit {
+    fn drop(&mut self) {
+        let mut state = lock(&self.state);
+        let Some(slots) = state.slots.get_mut(&*self.destination) else {
+            return;
+        };
+        if slots.taken == self.limit {
+            slots.moved = tokio::time::Instant::now();
+        }
+        slots.taken -= 1;
+        if slots.waiting > 0 {
+            slots.freed.notify_one();
+        } else if slots.taken == 0 {
+            state.slots.remove(&*self.destination);
+        }
+    }
+}
+
+fn lock(state: &Mutex<GateState>) -> MutexGuard<'_, GateState> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl DestinationGate {
+    /// A gate of `limit` slots per destination (at least 1), with up to `waiting` deliveries
+    /// per destination waiting up to `wait` for one.
+    pub(crate) fn new(limit: usize, waiting: usize, wait: Duration) -> Self {
+        DestinationGate {
+            limit: limit.max(1),
+            waiting,
+            wait,
+            state: Arc::default(),
+        }
+    }
+
+    /// A slot for `destination`, at once or after a wait; `None` when it has its bound in
+    /// flight and cannot wait (it is not moving, or enough wait already) or no slot freed in time.
+    pub(crate) async fn enter(&self, destination: &str) -> Option<GatePermit> {
+        let (name, freed) = {
+            let mut state = lock(&self.state);
+            let Some(slots) = state.slots.get_mut(destination) else {
+                let name: Arc<str> = Arc::from(destination);
+                let slots = Slots {
+                    destination: name.clone(),
+                    taken: 1,
+                    waiting: 0,
+                    moved: tokio::time::Instant::now(),
+                    freed: Arc::default(),
+                };
+                state.slots.insert(name.clone(), slots);
+                return Some(self.permit(name));
+            };
+            if slots.taken < self.limit {
+                slots.taken += 1;
+                if slots.taken == self.limit {
+                    slots.moved = tokio::time::Instant::now();
+                }
+                return Some(self.permit(slots.destination.clone()));
+            }
+            if slots.waiting >= self.waiting || slots.moved.elapsed() >= self.wait {
+                return None;
+            }
+            slots.waiting += 1;
+            (slots.destination.clone(), slots.freed.clone())
+        };
+        let waiting = Waiting { gate: self, name };
+        let deadline = tokio::time::Instant::now() + self.wait;
+        loop {
+            // made before the check, so a slot freed in between still wakes it
+            let notified = freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(permit) = waiting.take() {
+                return Some(permit);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                // a last look: the wake-up may have gone to this wait just as it ran out
+                return waiting.take();
+            }
+        }
+    }
+
+    fn permit(&self, destination: Arc<str>) -> GatePermit {
+        GatePermit {
+            destination,
+            limit: self.limit,
+            state: self.state.clone(),
+        }
+    }
+
+    /// Logs a destination's refusal: at WARN the first after [`REFUSAL_LOG_EVERY`], else DEBUG.
+    pub(crate) fn log_refusal(&self, ladder: &str, destination: &str, trace_id: impl FnOnce() -> String) {
+        let now = Instant::now();
+        let loud = {
+            let mut state = lock(&self.state);
+            // forget quiet destinations, so the map stays as small as the set of refusing ones
+            if state.last_refusal.len() > 1024 {
+                state
+                    .last_refusal
+                    .retain(|_, at| now.duration_since(*at) < REFUSAL_LOG_EVERY);
+            }
+            match state.last_refusal.insert(destination.to_string(), now) {
+                Some(before) => now.duration_since(before) >= REFUSAL_LOG_EVERY,
+                None => true,
+            }
+        };
+        if loud {
+            warn!(%ladder, %destination, trace_id = %trace_id(),
+                  "the destination refuses deliveries (full, or unavailable); they wait in a tier again without counting an attempt");
+        } else {
+            debug!(%ladder, %destination, trace_id = %trace_id(), "the destination refused a delivery; deferred");
+        }
+    }
+}
+
+/// A delivery waiting for a slot: counted while it waits, also when the wait is cancelled.
+struct Waiting<'a> {
+    gate: &'a DestinationGate,
+    name: Arc<str>,
+}
+
+impl Waiting<'_> {
+    /// The destination's free slot, if it has one now.
+    fn take(&self) -> Option<GatePermit> {
+        let mut state = lock(&self.gate.state);
+        let slots = state.slots.get_mut(&*self.name)?;
+        if slots.taken < self.gate.limit {
+            slots.taken += 1;
+            if slots.taken == self.gate.limit {
+                slots.moved = tokio::time::Instant::now();
+            }
+            return Some(self.gate.permit(self.name.clone()));
+        }
+        None
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.gate.state);
+        let Some(slots) = state.slots.get_mut(&*self.name) else {
+            return;
+        };
+        slots.waiting -= 1;
+        if slots.taken == 0 && slots.waiting == 0 {
+            state.slots.remove(&*self.name);
+        } else if slots.waiting > 0 && slots.taken < self.gate.limit {
+            // a wake-up this wait took without using it goes on to the next
+            slots.freed.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(limit: usize, waiting: usize) -> DestinationGate {
+        DestinationGate::new(limit, waiting, Duration::from_secs(1))
+    }
+
+    fn tracked(gate: &DestinationGate) -> usize {
+        lock(&gate.state).slots.len()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_bounds_each_destination_alone_and_frees_slots_on_drop() {
+        let gate = gate(2, 0);
+        let a1 = gate.enter("a").await.unwrap();
+        let _a2 = gate.enter("a").await.unwrap();
+        assert!(gate.enter("a").await.is_none(), "a third for a, with no room to wait");
+        let b = gate.enter("b").await;
+        assert!(b.is_some(), "b is not held up by a");
+        drop(a1);
+        assert!(gate.enter("a").await.is_some());
+        drop(b);
+        assert!(
+            !lock(&gate.state).slots.contains_key("b"),
+            "an idle destination leaves no entry"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_share_the_destination_name_they_count_under() {
+        let gate = gate(3, 0);
+        let a1 = gate.enter("a").await.unwrap();
+        let a2 = gate.enter("a").await.unwrap();
+        assert!(
+            Arc::ptr_eq(&a1.destination, &a2.destination),
+            "one name, not a copy per delivery"
+        );
+        assert_eq!(lock(&gate.state).slots["a"].taken, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_destination_hands_its_next_free_slot_to_a_waiting_delivery() {
+        let gate = gate(1, 1);
+        let first = gate.enter("a").await.unwrap();
+        let started = tokio::time::Instant::now();
+        let (second, ()) = tokio::join!(gate.enter("a"), async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            drop(first);
+        });
+        assert!(second.is_some(), "a slot freed within the wait is taken");
+        assert_eq!(started.elapsed(), Duration::from_millis(30));
+        drop(second);
+        assert_eq!(tracked(&gate), 0, "nothing left behind");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_destination_that_stops_confirming_defers_after_the_wait_then_at_once() {
+        let gate = gate(2, 2);
+        let _held = [gate.enter("a").await.unwrap(), gate.enter("a").await.unwrap()];
+        let started = tokio::time::Instant::now();
+        let (w1, w2, over) = tokio::join!(gate.enter("a"), gate.enter("a"), async {
+            // both waits are counted before this one asks
+            tokio::task::yield_now().await;
+            gate.enter("a").await.is_none()
+        });
+        assert!(over, "beyond as many waiting, a delivery is deferred at once");
+        assert!(w1.is_none() && w2.is_none(), "no slot freed within the wait");
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        assert_eq!(lock(&gate.state).slots["a"].waiting, 0);
+        let before = tokio::time::Instant::now();
+        assert!(gate.enter("a").await.is_none(), "not moving: no wait any more");
+        assert_eq!(before.elapsed(), Duration::ZERO);
+        assert!(gate.enter("b").await.is_some(), "another destination is served");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_wait_is_not_counted_and_leaves_nothing_behind() {
+        let gate = gate(1, 4);
+        let held = gate.enter("a").await.unwrap();
+        let cancelled = tokio::time::timeout(Duration::from_millis(10), gate.enter("a")).await;
+        assert!(cancelled.is_err());
+        assert_eq!(lock(&gate.state).slots["a"].waiting, 0);
+        drop(held);
+        assert_eq!(tracked(&gate), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_waiting_delivery_gets_a_slot_as_they_free() {
+        let gate = Arc::new(gate(2, 8));
+        let held: Vec<GatePermit> = vec![gate.enter("a").await.unwrap(), gate.enter("a").await.unwrap()];
+        let waits: Vec<_> = (0..6)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    let permit = gate.enter("a").await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    permit.is_some()
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(held);
+        for w in waits {
+            assert!(w.await.unwrap(), "each waiting delivery got a slot");
+        }
+        assert_eq!(tracked(&gate), 0);
+    }
+}

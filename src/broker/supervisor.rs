@@ -1,0 +1,366 @@
+//! The supervisor: connect, declare the topology, run every ladder's intake and due loops, and
+//! start over with backoff when the broker goes away — until shutdown, which it drains.
+//!
+//! It rebuilds the whole connection on any failure instead of relying on the client's
+//! auto-recovery: unacked deliveries return to their queues when the old connection dies, so
+//! a rebuild is simple and loses nothing (it may duplicate, which the README documents).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ladder_amqp::{ConnectOptions, Connection};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::broker::relay::{self, Hop, LadderRuntime};
+use crate::broker::topology::{self, Names, TopologyError};
+use crate::config::{AmqpConfig, Config};
+use crate::metrics::Metrics;
+use crate::model::backoff::Backoff;
+use crate::telemetry::Telemetry;
+
+/// How long one connection attempt may take before it counts as failed.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long closing a connection may take; a dead peer must not hold up a reconnect.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Shared, cheap-to-read state of the service for health checks.
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    /// True once topology is declared and every consumer runs; false while reconnecting.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+}
+
+/// What the service shares with the admin server and the tests: readiness, metrics, tracing.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Readiness.
+    pub health: Health,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// OpenTelemetry tracing (off unless configured).
+    pub telemetry: Telemetry,
+}
+
+/// Why the service stopped for good.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The broker holds objects that contradict the config; reconnecting would not help.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+}
+
+/// Opens a connection named after the config to the first of its brokers that answers (each
+/// attempt bounded by [`CONNECT_TIMEOUT`]).
+pub async fn connect(amqp: &AmqpConfig) -> ladder_amqp::Result<Connection> {
+    connect_named(amqp, &amqp.connection_name).await
+}
+
+/// Like [`connect`], with another connection name (the poller's and the operator desk's own
+/// connections are told apart in the management UI).
+pub async fn connect_named(amqp: &AmqpConfig, name: &str) -> ladder_amqp::Result<Connection> {
+    connect_from(amqp, name, 0).await.map(|(connection, _)| connection)
+}
+
+/// Tries the brokers in turn from index `first`, each once; returns the connection and the
+/// index of the broker that answered, or the last error.
+async fn connect_from(amqp: &AmqpConfig, name: &str, first: usize) -> ladder_amqp::Result<(Connection, usize)> {
+    let mut last = None;
+    for i in (0..amqp.urls.len()).map(|k| (first + k) % amqp.urls.len()) {
+        // config validated the URI; a failure here would be a bug, reported as a bad URI
+        let mut uri: ladder_amqp::AmqpUri = amqp.urls[i].expose().parse()?;
+        uri.connection_timeout = Some(uri.connection_timeout.unwrap_or(CONNECT_TIMEOUT));
+        let options = ConnectOptions {
+            uri,
+            connection_name: Some(name.to_string()),
+            tls: amqp.tls.clone(),
+        };
+        match Connection::connect(&options).await {
+            Ok(connection) => return Ok((connection, i)),
+            Err(e) => {
+                if amqp.urls.len() > 1 {
+                    debug!(url = %amqp.urls[i], error = %e, "broker node not reachable; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or(ladder_amqp::Error::ConnectionGone))
+}
+
+/// Declares the whole topology of `config` once (what `ladder apply` does).
+pub async fn apply(config: &Config) -> Result<(), ApplyError> {
+    let connection = connect(&config.amqp).await?;
+    let result = declare(&connection, config).await;
+    close(&connection).await;
+    Ok(result?)
+}
+
+/// Declares the topology of `config` for the broker `connection` is open to, and warns about
+/// queues kept in an older shape (see [`topology::OlderQueue`]).
+async fn declare(connection: &Connection, config: &Config) -> Result<(), TopologyError> {
+    let version = topology::version_of(connection);
+    for older in topology::apply(connection, &topology::plan(config, version)).await? {
+        let missing: Vec<&str> = older.missing.iter().map(|(k, _)| *k).collect();
+        warn!(
+            queue = %older.name,
+            missing = %missing.join(", "),
+            fix = %older.policy_command(),
+            "a queue declared by an older Ladder (or on an older RabbitMQ) is kept as it is; RabbitMQ cannot add \
+             arguments to an existing queue, so give it what it lacks with a policy"
+        );
+    }
+    Ok(())
+}
+
+/// `apply` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The broker could not be reached.
+    #[error("cannot reach the broker: {0}")]
+    Connect(#[from] ladder_amqp::Error),
+    /// Declaring failed.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+}
+
+/// How long a session waits for every ladder's cancellation stream to be read before it gives
+/// up and reconnects (the stream holds at most 49 days of cancellations: a few thousand records
+/// read in well under a second).
+const CANCELS_CATCH_UP: Duration = Duration::from_secs(30);
+
+/// How often the session looks whether the followers caught up.
+const CANCELS_POLL: Duration = Duration::from_millis(10);
+
+/// Serves every ladder of `config` until `shutdown` is cancelled, reconnecting as needed.
+///
+/// Returns `Ok` after a drained shutdown; `Err` only for faults reconnecting cannot fix.
+pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationToken) -> Result<(), ServiceError> {
+    let health = &state.health;
+    let ladders: Vec<Arc<LadderRuntime>> = config
+        .ladders
+        .iter()
+        .map(|spec| {
+            Arc::new(LadderRuntime {
+                names: Names::new(&config.namespace, &spec.name),
+                metrics: state.metrics.ladder(spec),
+                telemetry: state.telemetry.clone(),
+                spec: spec.clone(),
+                limits: config.limits,
+                cancels: Arc::default(),
+            })
+        })
+        .collect();
+    let mut backoff = Backoff::new(config.amqp.reconnect_min, config.amqp.reconnect_max);
+    // the broker to try first: after a lost connection, the next one (another cluster node)
+    let mut next_broker = 0;
+    loop {
+        match session(&config, &ladders, health, &shutdown, next_broker).await {
+            Ok(()) => return Ok(()),
+            Err(SessionError::Fatal(e)) => {
+                health.set_ready(false);
+                return Err(e);
+            }
+            Err(SessionError::Retry { error, broker }) => {
+                health.set_ready(false);
+                state.metrics.reconnects.inc();
+                if let Some(broker) = broker {
+                    // it was serving: fail over to the next node at once
+                    backoff.reset();
+                    next_broker = (broker + 1) % config.amqp.urls.len();
+                    warn!(url = %config.amqp.urls[broker], error = %error, "broker connection lost; reconnecting");
+                    continue;
+                }
+                let wait = backoff.next_wait();
+                warn!(brokers = %config.amqp.brokers(), error = %error, retry_in = ?wait, "cannot reach the broker; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = shutdown.cancelled() => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+enum SessionError {
+    Fatal(ServiceError),
+    /// `broker`: the index of the broker the session served on, if it got that far.
+    Retry {
+        error: String,
+        broker: Option<usize>,
+    },
+}
+
+impl SessionError {
+    fn retry(error: impl ToString) -> Self {
+        SessionError::Retry {
+            error: error.to_string(),
+            broker: None,
+        }
+    }
+}
+
+/// One connection's life: connect, declare, serve, and end on shutdown or on the first failure.
+async fn session(
+    config: &Config,
+    ladders: &[Arc<LadderRuntime>],
+    health: &Health,
+    shutdown: &CancellationToken,
+    first_broker: usize,
+) -> Result<(), SessionError> {
+    let (connection, broker) = tokio::select! {
+        connected = connect_from(&config.amqp, &config.amqp.connection_name, first_broker) => connected.map_err(SessionError::retry)?,
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    let version = connection.server_version().map(|(a, b, c)| format!("{a}.{b}.{c}"));
+    info!(url = %config.amqp.urls[broker], broker_version = version.as_deref().unwrap_or("unknown"), "connected");
+    let retry = |error: String| SessionError::Retry {
+        error,
+        broker: Some(broker),
+    };
+    let declared = match declare(&connection, config).await {
+        Ok(()) => Ok(()),
+        Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict.into())),
+        Err(other) => Err(retry(other.to_string())),
+    };
+    if let Err(e) = declared {
+        close(&connection).await;
+        return Err(e);
+    }
+
+    // every ladder's cancellations are read before any loop may deliver what they cancel
+    let mut followers = JoinSet::new();
+    let follow_stop = CancellationToken::new();
+    for ladder in ladders.iter().filter(|l| l.spec.exact_delays) {
+        let span = info_span!("cancels", ladder = %ladder.spec.name);
+        let (ladder, connection, stop) = (ladder.clone(), connection.clone(), follow_stop.clone());
+        followers.spawn(
+            async move { crate::broker::cancels::follow(&connection, &ladder.names, &ladder.cancels, &stop).await }
+                .instrument(span),
+        );
+    }
+    let caught_up = async {
+        while !ladders.iter().filter(|l| l.spec.exact_delays).all(|l| l.cancels.caught_up()) {
+            tokio::time::sleep(CANCELS_POLL).await;
+        }
+    };
+    let reading = tokio::select! {
+        done = tokio::time::timeout(CANCELS_CATCH_UP, caught_up) => done.map_err(|_| format!("the cancellation streams were not read within {CANCELS_CATCH_UP:?}")),
+        Some(joined) = followers.join_next() => Err(match joined {
+            Ok(Ok(())) => "a cancellation follower stopped".to_string(),
+            Ok(Err(e)) => format!("cannot follow the cancellations: {e}"),
+            Err(panic) => format!("cancellation follower failed: {panic}"),
+        }),
+        () = shutdown.cancelled() => {
+            followers.abort_all();
+            close(&connection).await;
+            return Ok(());
+        }
+    };
+    if let Err(e) = reading {
+        followers.abort_all();
+        close(&connection).await;
+        return Err(retry(e));
+    }
+
+    let mut workers = JoinSet::new();
+    let mut subscriptions = Vec::new();
+    for ladder in ladders {
+        for hop in Hop::ALL {
+            let span = info_span!("relay", ladder = %ladder.spec.name, %hop);
+            let (ladder, connection, stop) = (ladder.clone(), connection.clone(), shutdown.clone());
+            let grace = config.shutdown_grace;
+            let (subscribed, is_subscribed) = tokio::sync::oneshot::channel();
+            subscriptions.push(is_subscribed);
+            workers.spawn(
+                async move { relay::serve(hop, ladder, &connection, stop, grace, Some(subscribed)).await }
+                    .instrument(span),
+            );
+        }
+    }
+    // ready once every consumer runs; a loop that fails first ends the session below
+    let all_subscribed = async {
+        for s in subscriptions {
+            if s.await.is_err() {
+                return false;
+            }
+        }
+        true
+    };
+    let mut ready_pending = Box::pin(all_subscribed);
+    let mut waiting_ready = true;
+    let mut abandoned = 0;
+    loop {
+        let joined = tokio::select! {
+            ready = &mut ready_pending, if waiting_ready => {
+                waiting_ready = false;
+                if ready {
+                    health.set_ready(true);
+                    info!(ladders = ladders.len(), "ready");
+                }
+                continue;
+            }
+            joined = workers.join_next() => joined,
+            Some(follower) = followers.join_next() => {
+                let failure = match follower {
+                    Ok(Ok(())) => "a cancellation follower stopped".to_string(),
+                    Ok(Err(e)) => format!("cannot follow the cancellations: {e}"),
+                    Err(panic) => format!("cancellation follower failed: {panic}"),
+                };
+                health.set_ready(false);
+                workers.abort_all();
+                while workers.join_next().await.is_some() {}
+                close(&connection).await;
+                return Err(retry(failure));
+            }
+        };
+        let Some(joined) = joined else { break };
+        let failure = match joined {
+            Ok(Ok(drained)) => {
+                abandoned += drained.abandoned;
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => format!("relay task failed: {panic}"),
+        };
+        // One loop failed: the connection is suspect. Drop every loop (their unacked deliveries
+        // return to the queues when the connection closes) and start over.
+        health.set_ready(false);
+        workers.abort_all();
+        while workers.join_next().await.is_some() {}
+        follow_stop.cancel();
+        followers.abort_all();
+        close(&connection).await;
+        return Err(retry(failure));
+    }
+    follow_stop.cancel();
+    while followers.join_next().await.is_some() {}
+    health.set_ready(false);
+    if abandoned > 0 {
+        error!(
+            abandoned,
+            "shutdown grace period ran out; the broker will redeliver the unsettled messages"
+        );
+    } else {
+        info!("drained; every delivery in flight was settled");
+    }
+    close(&connection).await;
+    Ok(())
+}
+
+async fn close(connection: &Connection) {
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "bye")).await;
+}

@@ -1,0 +1,132 @@
+//! The `ladder` commands: their arguments (clap) and what each does. `main` parses, sets up
+//! logging and the runtime, and maps what a command returns to an exit code.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ladder::broker::topology;
+use ladder::config::Config;
+
+pub mod demo;
+pub mod dev_broker;
+pub mod docs;
+pub mod log;
+pub mod parked;
+pub mod probe;
+pub mod serve;
+
+pub use demo::DemoArgs;
+pub use parked::ParkedArgs;
+
+/// The config file when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "ladder.toml";
+
+#[derive(Parser)]
+#[command(
+    name = "ladder",
+    version,
+    about = "Delayed retries with stepped backoff and a parking lot for RabbitMQ"
+)]
+pub struct Cli {
+    /// The service config file; ladder files are read from its `ladders_dir`.
+    #[arg(long, short, global = true, default_value = DEFAULT_CONFIG)]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Declare the topology, then serve until SIGTERM/SIGINT. When no broker answers at a local
+    /// amqp:// address and scripts/broker is beside the config (a checkout of Ladder), start a
+    /// development broker first (`scripts/broker down dev` stops it).
+    Run {
+        /// Never start a development broker: no answering broker is an error (exit 69).
+        #[arg(long)]
+        no_dev_broker: bool,
+    },
+    /// Validate the config and the ladders; exit 64 on the first problem.
+    Check,
+    /// Print every exchange, queue, binding and argument that would be declared.
+    Plan {
+        /// The RabbitMQ version to plan for (`3.10`, `4.0`, `4.3`); the service reads it from the
+        /// broker. Default: the newest supported.
+        #[arg(long, value_name = "VERSION", value_parser = parse_broker_version)]
+        broker_version: Option<topology::BrokerVersion>,
+    },
+    /// Declare the topology and exit.
+    Apply,
+    /// Inspect, search, replay and discard parked messages.
+    Parked(Box<ParkedArgs>),
+    /// Send one failure through a ladder by hand and watch it come back.
+    Demo(DemoArgs),
+    /// Ask the admin server at admin.bind for /ready: exit 0 on 200, else 1 with the reason.
+    Probe,
+    /// Print the completion script for a shell (`source <(ladder completions bash)`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page ladder(1) in roff, or write one page per command into a directory.
+    Man {
+        /// Write `ladder.1`, `ladder-parked.1`, `ladder-parked-replay.1`, … here instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+
+/// `3.10`, `4.0.5` … as a [`topology::BrokerVersion`].
+fn parse_broker_version(text: &str) -> Result<topology::BrokerVersion, String> {
+    let mut parts = text.split('.').map(|p| p.parse::<u32>());
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(Ok(a)), Some(Ok(b)), c, None) if c.as_ref().is_none_or(Result::is_ok) => {
+            Ok(topology::BrokerVersion(a, b, c.and_then(Result::ok).unwrap_or(0)))
+        }
+        _ => Err(format!("{text:?} is not a version like 4.3 or 3.10.8")),
+    }
+}
+
+
+/// `ladder check`: the config loaded; say what it holds.
+pub fn check(config: &Config) -> ExitCode {
+    println!("{}: ok ({} ladders)", config.file.display(), config.ladders.len());
+    for ladder in &config.ladders {
+        let tiers: Vec<_> = ladder.tiers.iter().map(|t| t.name.as_str()).collect();
+        println!(
+            "  {}: tiers [{}], max_attempts {}, {} {}",
+            ladder.name,
+            tiers.join(", "),
+            ladder.max_attempts,
+            ladder.queue_type.as_str(),
+            ladder.dead_letter_strategy.as_str()
+        );
+        if let Some(senders) = &ladder.senders {
+            let grants: Vec<String> = senders
+                .grants
+                .iter()
+                .map(|(user, allowed)| format!("{user} [{}]", allowed.patterns().join(", ")))
+                .collect();
+            println!(
+                "    senders: {}; unidentified {}",
+                if grants.is_empty() {
+                    "none".to_string()
+                } else {
+                    grants.join(", ")
+                },
+                senders.unidentified.as_str()
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `ladder plan`: every declaration, for `version` (default: the newest supported).
+pub fn plan(config: &Config, version: Option<topology::BrokerVersion>) -> ExitCode {
+    for declaration in topology::plan(config, version.unwrap_or(topology::BrokerVersion::LATEST)) {
+        println!("{declaration}");
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,488 @@
+//! The accounting identity of one ladder: every message the ladder took in is waiting in it,
+//! in flight in the service, or has left it (delivered or parked). Pure: the poller hands in
+//! the service's counters and the broker's queue depths; this module decides, and does no I/O.
+//!
+//! The identity, per ladder:
+//!
+//! ```text
+//! entered = first deliveries from N.L.intake (redelivered = false)
+//! left    = delivered + parked
+//! waiting = ready messages in every N.L.delay.<tier> queue + N.L.due + N.L.quarantine
+//! balance = entered − left − in_flight(intake, due, quarantine) − waiting
+//! ```
+//!
+//! `balance` stays constant while nothing is lost; a message that vanishes from a tier raises it
+//! by one. The service's counters start at 0 in each process, so the check anchors at the first
+//! quiet poll and compares later balances with that one (`missing = balance − anchor`).
+//!
+//! It rests on the relay's settle rule: a delivery stays in flight (a refused publish is held
+//! and published again, not requeued) until it is scheduled, delivered or parked, and goes back
+//! to its queue only when its channel dies.
+//!
+//! The system it accounts for starts at the intake hop, not at the tier queues, because the
+//! parked counter is not split by hop: a message parked at intake and one parked at due both
+//! count as `left`. Intake parks balance out against intake receipts, so this is the
+//! tier-system identity (`waiting + in_flight(due) = waiting₀ + scheduled − delivered −
+//! parked at due`) with the intake hop folded in.
+//!
+//! What cannot be exact, and how the check copes:
+//! - Counters and depths are not read at one instant, and a message in transit (dead-lettered
+//!   from a tier to `N.L.due`, or delivered to the service and not yet handled) is briefly in no
+//!   queue. So the check only decides on **quiet** polls — counters unchanged during the poll and
+//!   since the previous one, nothing in flight — and flags a discrepancy only when it persists
+//!   over `polls` consecutive quiet polls. A busy poll neither counts nor resets the streak: a
+//!   ladder that is never quiet is never checked.
+//! - A reconnect hands unacked deliveries back to their queues. Intake redeliveries carry the
+//!   broker's `redelivered` flag and do not count as entering again; a due delivery goes back to
+//!   `N.L.due`, which is waiting. So the anchor survives reconnects, and a message the broker
+//!   drops while the service reconnects (a delivery limit without a dead-letter target) shows
+//!   as missing. A delivery whose ack was lost comes back as a duplicate: a persistent *surplus*
+//!   (more found than counted) becomes the new anchor, so it cannot hide a later loss. Polls
+//!   while the service is not ready are skipped, the anchor kept.
+//! - The counters are this process's. With several replicas each sees every queue but only its
+//!   own traffic, so the caller must not mark a poll `exclusive` unless this process is the
+//!   only consumer of the ladder's intake and due queues; across replicas, sum the counters in
+//!   Prometheus instead (README, "Metrics and health").
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+/// What the service counted for one ladder, read from its metrics at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// First deliveries from `N.L.intake`: messages that entered the ladder.
+    pub entered: u64,
+    /// Deliveries taken from `N.L.intake`, redeliveries included.
+    pub received_intake: u64,
+    /// Publishes (or parks) of intake deliveries the broker refused; each is held and retried.
+    pub refused_intake: u64,
+    /// Deliveries taken from `N.L.due`, redeliveries included.
+    pub received_due: u64,
+    /// Publishes (or parks) of due deliveries the broker refused; each is held and retried.
+    pub refused_due: u64,
+    /// Retries the broker confirmed into a tier.
+    pub scheduled: u64,
+    /// Retries the broker confirmed to their destination queue.
+    pub delivered: u64,
+    /// Messages the broker confirmed into the parking lot, from either hop.
+    pub parked: u64,
+    /// Intake deliveries taken and not yet settled.
+    pub in_flight_intake: u64,
+    /// Due deliveries taken and not yet settled.
+    pub in_flight_due: u64,
+    /// Quarantine deliveries taken and not yet parked.
+    pub in_flight_quarantine: u64,
+}
+
+impl Counters {
+    /// `entered − left − in flight − waiting`: constant while no message is lost.
+    pub fn balance(&self, waiting: u64) -> i128 {
+        let entered = i128::from(self.entered);
+        let left = i128::from(self.delivered) + i128::from(self.parked);
+        let in_flight =
+            i128::from(self.in_flight_intake) + i128::from(self.in_flight_due) + i128::from(self.in_flight_quarantine);
+        entered - left - in_flight - i128::from(waiting)
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight_intake == 0 && self.in_flight_due == 0 && self.in_flight_quarantine == 0
+    }
+}
+
+/// One poll of one ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    /// The counters read just before the queue depths.
+    pub before: Counters,
+    /// The counters read just after the queue depths.
+    pub after: Counters,
+    /// Ready messages in the tier queues, the due queue and the quarantine.
+    pub waiting: u64,
+    /// The poll can be judged: the service was ready throughout and every depth was read.
+    pub checkable: bool,
+    /// Another process consumes the ladder's intake or due queue (a replica): this process's
+    /// counters are not the whole traffic, so the check is off and its anchor dropped.
+    pub shared: bool,
+}
+
+/// When a discrepancy is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Missing messages up to this many are not reported.
+    pub tolerance: u64,
+    /// Consecutive quiet polls a discrepancy must last before it is reported (at least 1).
+    pub polls: usize,
+}
+
+/// What one poll concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not checked, anchor dropped: the service is not ready, shares its queues with another
+    /// consumer, or reconnected.
+    Unchecked,
+    /// Traffic moved during or since the previous poll; nothing decided.
+    Busy,
+    /// This quiet poll is the new reference.
+    Anchored,
+    /// Everything is accounted for.
+    Balanced,
+    /// Messages are missing, on fewer than `Rules::polls` consecutive quiet polls so far.
+    Suspect {
+        /// Missing on this poll.
+        missing: u64,
+    },
+    /// At least `missing` messages were missing on `Rules::polls` consecutive quiet polls.
+    Unaccounted {
+        /// The smallest shortfall over those polls.
+        missing: u64,
+    },
+    /// More messages were found than counted, persistently (duplicates after a lost ack, or
+    /// messages published straight into a tier); they became part of the reference.
+    Rebased {
+        /// How many more than counted.
+        surplus: u64,
+    },
+}
+
+impl Verdict {
+    /// A short name for logs and `/api/ladders`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Unchecked => "unchecked",
+            Verdict::Busy => "busy",
+            Verdict::Anchored => "anchored",
+            Verdict::Balanced => "balanced",
+            Verdict::Suspect { .. } => "suspect",
+            Verdict::Unaccounted { .. } => "unaccounted",
+            Verdict::Rebased { .. } => "rebased",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    balance: i128,
+}
+
+/// The check's memory across polls, for one ladder.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    anchor: Option<Anchor>,
+    previous: Option<Counters>,
+    /// `missing` of the latest consecutive quiet polls (negative: surplus), newest last.
+    recent: VecDeque<i128>,
+    unaccounted: u64,
+    last: Option<Verdict>,
+}
+
+impl Ledger {
+    /// Takes one poll into account.
+    pub fn observe(&mut self, observation: &Observation, rules: Rules) -> Verdict {
+        let polls = rules.polls.max(1);
+        let quiet = observation.before == observation.after
+            && self.previous == Some(observation.after)
+            && observation.after.idle();
+        self.previous = Some(observation.after);
+
+        let verdict = if observation.shared {
+            self.anchor = None;
+            self.recent.clear();
+            self.unaccounted = 0;
+            Verdict::Unchecked
+        } else if !observation.checkable {
+            Verdict::Unchecked
+        } else if !quiet {
+            Verdict::Busy
+        } else {
+            let balance = observation.after.balance(observation.waiting);
+            match self.anchor {
+                None => {
+                    self.anchor = Some(Anchor { balance });
+                    self.recent.clear();
+                    self.unaccounted = 0;
+                    Verdict::Anchored
+                }
+                Some(anchor) => {
+                    let missing = balance - anchor.balance;
+                    self.recent.push_back(missing);
+                    while self.recent.len() > polls {
+                        self.recent.pop_front();
+                    }
+                    self.judge(missing, balance, rules.tolerance, polls)
+                }
+            }
+        };
+        self.last = Some(verdict);
+        verdict
+    }
+
+    fn judge(&mut self, missing: i128, balance: i128, tolerance: u64, polls: usize) -> Verdict {
+        let tolerance = i128::from(tolerance);
+        let full = self.recent.len() == polls;
+        if missing > tolerance {
+            if full && self.recent.iter().all(|m| *m > tolerance) {
+                let least = self.recent.iter().copied().min().unwrap_or(missing);
+                self.unaccounted = clamp(least);
+                Verdict::Unaccounted {
+                    missing: self.unaccounted,
+                }
+            } else {
+                Verdict::Suspect {
+                    missing: clamp(missing),
+                }
+            }
+        } else if missing < 0 && full && self.recent.iter().all(|m| *m < 0) {
+            let surplus = self.recent.iter().map(|m| -m).min().unwrap_or(0);
+            if let Some(anchor) = self.anchor.as_mut() {
+                anchor.balance = balance;
+            }
+            self.recent.clear();
+            self.unaccounted = 0;
+            Verdict::Rebased {
+                surplus: clamp(surplus),
+            }
+        } else {
+            self.unaccounted = 0;
+            Verdict::Balanced
+        }
+    }
+
+    /// What `ladder_unaccounted_messages` should show: the shortfall of the latest decided poll
+    /// (busy and suspect polls keep the previous value).
+    pub fn unaccounted(&self) -> u64 {
+        self.unaccounted
+    }
+
+    /// The verdict of the latest poll, if any.
+    pub fn last(&self) -> Option<Verdict> {
+        self.last
+    }
+
+    /// The latest shortfall measured against the anchor (negative: surplus), if any.
+    pub fn missing(&self) -> Option<i128> {
+        self.recent.back().copied()
+    }
+
+    /// Whether a reference balance is set.
+    pub fn anchored(&self) -> bool {
+        self.anchor.is_some()
+    }
+}
+
+fn clamp(n: i128) -> u64 {
+    u64::try_from(n.max(0)).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: Rules = Rules { tolerance: 0, polls: 3 };
+
+    /// A ladder that took in `entered`, delivered `delivered` and parked `parked`, nothing in flight.
+    fn counters(entered: u64, delivered: u64, parked: u64) -> Counters {
+        Counters {
+            entered,
+            received_intake: entered,
+            scheduled: entered - parked.min(entered),
+            received_due: delivered,
+            delivered,
+            parked,
+            ..Counters::default()
+        }
+    }
+
+    fn quiet(c: Counters, waiting: u64) -> Observation {
+        Observation {
+            before: c,
+            after: c,
+            waiting,
+            checkable: true,
+            shared: false,
+        }
+    }
+
+    /// Observes the same quiet state `times` times and returns the verdicts.
+    fn repeat(ledger: &mut Ledger, o: Observation, times: usize) -> Vec<Verdict> {
+        (0..times).map(|_| ledger.observe(&o, RULES)).collect()
+    }
+
+    #[test]
+    fn a_quiet_balanced_system_reports_nothing() {
+        let mut l = Ledger::default();
+        // messages waiting from an earlier process: the anchor absorbs them
+        let o = quiet(counters(0, 0, 0), 4);
+        assert_eq!(repeat(&mut l, o, 2), [Verdict::Busy, Verdict::Anchored]);
+        // 10 in, 3 delivered, 2 parked: 4 + 10 − 5 = 9 wait
+        let c = counters(10, 3, 2);
+        let busy = Observation {
+            before: counters(9, 3, 2),
+            ..quiet(c, 9)
+        };
+        assert_eq!(l.observe(&busy, RULES), Verdict::Busy);
+        assert_eq!(repeat(&mut l, quiet(c, 9), 5), [Verdict::Balanced; 5]);
+        assert_eq!(l.unaccounted(), 0);
+        // the earlier process's messages are delivered too
+        let c = counters(10, 7, 2);
+        l.observe(&quiet(c, 5), RULES);
+        assert_eq!(repeat(&mut l, quiet(c, 5), 3), [Verdict::Balanced; 3]);
+    }
+
+    #[test]
+    fn in_flight_messages_are_counted_but_make_the_poll_busy() {
+        let c = Counters {
+            in_flight_due: 2,
+            ..counters(5, 0, 0)
+        };
+        // 5 in, 2 of them taken from due and not settled, 3 wait
+        assert_eq!(c.balance(3), 0);
+        let mut l = Ledger::default();
+        assert_eq!(repeat(&mut l, quiet(c, 3), 3), [Verdict::Busy; 3]);
+        assert!(!l.anchored());
+    }
+
+    #[test]
+    fn a_vanished_message_is_flagged_after_n_quiet_polls() {
+        let mut l = Ledger::default();
+        let c = counters(5, 0, 0);
+        repeat(&mut l, quiet(c, 5), 2);
+        assert!(l.anchored());
+        // someone purges a tier holding 2 of them
+        let verdicts = repeat(&mut l, quiet(c, 3), 4);
+        assert_eq!(
+            verdicts,
+            [
+                Verdict::Suspect { missing: 2 },
+                Verdict::Suspect { missing: 2 },
+                Verdict::Unaccounted { missing: 2 },
+                Verdict::Unaccounted { missing: 2 },
+            ]
+        );
+        assert_eq!(l.unaccounted(), 2);
+        // traffic moves: busy polls keep the alarm and do not reset the streak
+        let moved = counters(6, 0, 0);
+        let busy = Observation {
+            before: c,
+            ..quiet(moved, 4)
+        };
+        assert_eq!(l.observe(&busy, RULES), Verdict::Busy);
+        assert_eq!(l.unaccounted(), 2);
+        assert_eq!(l.observe(&quiet(moved, 4), RULES), Verdict::Unaccounted { missing: 2 });
+    }
+
+    #[test]
+    fn a_transient_imbalance_is_not_flagged() {
+        let mut l = Ledger::default();
+        let c = counters(5, 0, 0);
+        repeat(&mut l, quiet(c, 5), 2);
+        // one message in transit between a tier and due, seen in neither, for two polls
+        assert_eq!(repeat(&mut l, quiet(c, 4), 2), [Verdict::Suspect { missing: 1 }; 2]);
+        assert_eq!(l.observe(&quiet(c, 5), RULES), Verdict::Balanced);
+        assert_eq!(l.observe(&quiet(c, 4), RULES), Verdict::Suspect { missing: 1 });
+        assert_eq!(l.observe(&quiet(c, 5), RULES), Verdict::Balanced);
+        assert_eq!(l.unaccounted(), 0);
+    }
+
+    #[test]
+    fn the_flag_reports_the_smallest_persistent_shortfall() {
+        let mut l = Ledger::default();
+        let c = counters(9, 0, 0);
+        repeat(&mut l, quiet(c, 9), 2);
+        l.observe(&quiet(c, 6), RULES);
+        l.observe(&quiet(c, 7), RULES);
+        assert_eq!(l.observe(&quiet(c, 6), RULES), Verdict::Unaccounted { missing: 2 });
+        // a further loss shows once it, too, has lasted `polls` polls
+        assert_eq!(l.observe(&quiet(c, 5), RULES), Verdict::Unaccounted { missing: 2 });
+        assert_eq!(l.observe(&quiet(c, 5), RULES), Verdict::Unaccounted { missing: 3 });
+        // the messages come back (they were only held up): the alarm clears
+        assert_eq!(l.observe(&quiet(c, 9), RULES), Verdict::Balanced);
+        assert_eq!(l.unaccounted(), 0);
+    }
+
+    #[test]
+    fn tolerance_hides_small_shortfalls() {
+        let rules = Rules { tolerance: 2, polls: 1 };
+        let mut l = Ledger::default();
+        let c = counters(9, 0, 0);
+        l.observe(&quiet(c, 9), rules);
+        l.observe(&quiet(c, 9), rules);
+        assert_eq!(l.observe(&quiet(c, 7), rules), Verdict::Balanced);
+        assert_eq!(l.observe(&quiet(c, 6), rules), Verdict::Unaccounted { missing: 3 });
+    }
+
+    #[test]
+    fn a_message_lost_while_the_service_reconnects_is_flagged() {
+        let mut l = Ledger::default();
+        let c = counters(5, 0, 0);
+        repeat(&mut l, quiet(c, 5), 2);
+        // reconnecting: one due delivery in flight goes back to due; polls are skipped
+        let reconnecting = Observation {
+            checkable: false,
+            ..quiet(c, 5)
+        };
+        assert_eq!(repeat(&mut l, reconnecting, 2), [Verdict::Unchecked; 2]);
+        assert!(l.anchored(), "the anchor survives the reconnect");
+        // the broker dropped it (a delivery limit, no dead-letter target): 4 wait, not 5
+        assert_eq!(repeat(&mut l, quiet(c, 4), 3)[2], Verdict::Unaccounted { missing: 1 });
+        // a redelivered intake message does not enter again: still one missing, no surplus
+        let redelivered = Counters {
+            received_intake: c.received_intake + 1,
+            ..c
+        };
+        assert_eq!(
+            repeat(&mut l, quiet(redelivered, 4), 2)[1],
+            Verdict::Unaccounted { missing: 1 }
+        );
+    }
+
+    #[test]
+    fn another_consumer_drops_the_anchor() {
+        let mut l = Ledger::default();
+        let c = counters(5, 0, 0);
+        repeat(&mut l, quiet(c, 5), 2);
+        repeat(&mut l, quiet(c, 3), 3);
+        assert_eq!(l.unaccounted(), 2);
+        let shared = Observation {
+            shared: true,
+            ..quiet(c, 3)
+        };
+        assert_eq!(l.observe(&shared, RULES), Verdict::Unchecked);
+        assert!(!l.anchored());
+        assert_eq!(l.unaccounted(), 0);
+    }
+
+    #[test]
+    fn a_persistent_surplus_is_absorbed_so_it_cannot_hide_a_later_loss() {
+        let mut l = Ledger::default();
+        let c = counters(5, 0, 0);
+        repeat(&mut l, quiet(c, 5), 2);
+        // a duplicate appears (an ack lost in a reconnect the session count did not show)
+        assert_eq!(
+            repeat(&mut l, quiet(c, 6), 3),
+            [Verdict::Balanced, Verdict::Balanced, Verdict::Rebased { surplus: 1 }]
+        );
+        // now one is lost: flagged, not hidden by the duplicate
+        assert_eq!(repeat(&mut l, quiet(c, 5), 3)[2], Verdict::Unaccounted { missing: 1 });
+    }
+
+    #[test]
+    fn a_refused_publish_is_held_in_flight_and_still_balances() {
+        // one message received, its publish refused twice: held, in flight, not yet in a tier
+        let held = Counters {
+            entered: 1,
+            received_intake: 1,
+            refused_intake: 2,
+            in_flight_intake: 1,
+            ..Counters::default()
+        };
+        assert_eq!(held.balance(0), 0);
+        // the third publish is confirmed and the delivery acked
+        let scheduled = Counters {
+            in_flight_intake: 0,
+            scheduled: 1,
+            ..held
+        };
+        assert_eq!(scheduled.balance(1), 0);
+    }
+}

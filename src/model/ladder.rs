@@ -1,0 +1,575 @@
+//! The ladder arithmetic: which tier a retry waits in, and what a tier is called.
+//!
+//! Pure: no I/O, no clocks. Everything here is decided from a validated [`LadderSpec`]
+//! and numbers handed in by the caller, so it is unit-tested without a broker.
+
+use std::time::Duration;
+
+use regex::RegexSet;
+
+/// Which kind of queue holds a ladder's tiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueType {
+    /// Replicated, memory-efficient for many waiting messages; supports at-least-once dead-lettering.
+    Quorum,
+    /// Single-node queue; dead-letters at-most-once.
+    Classic,
+}
+
+impl QueueType {
+    /// How its tiers dead-letter unless a ladder says otherwise: quorum queues at-least-once,
+    /// classic ones at-most-once (the only way they can).
+    pub fn default_strategy(self) -> DeadLetterStrategy {
+        match self {
+            QueueType::Quorum => DeadLetterStrategy::AtLeastOnce,
+            QueueType::Classic => DeadLetterStrategy::AtMostOnce,
+        }
+    }
+
+    /// The `x-queue-type` argument value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Quorum => "quorum",
+            QueueType::Classic => "classic",
+        }
+    }
+}
+
+/// How a tier queue hands expired messages to the due exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadLetterStrategy {
+    /// Quorum only: the tier keeps a message until the due exchange confirmed it. Safer, slower.
+    AtLeastOnce,
+    /// The broker's default: fast, but a message is dropped if the due exchange is missing.
+    AtMostOnce,
+}
+
+impl DeadLetterStrategy {
+    /// The `x-dead-letter-strategy` argument value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterStrategy::AtLeastOnce => "at-least-once",
+            DeadLetterStrategy::AtMostOnce => "at-most-once",
+        }
+    }
+}
+
+/// One delay step of a ladder, with its compact name (the routing key and queue suffix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tier {
+    /// How long a message waits in this tier.
+    pub delay: Duration,
+    /// Compact humantime name, e.g. `250ms`, `10s`, `1h30m`.
+    pub name: String,
+}
+
+impl Tier {
+    /// A tier for `delay`, named by [`compact_duration`].
+    pub fn new(delay: Duration) -> Self {
+        Tier {
+            name: compact_duration(delay),
+            delay,
+        }
+    }
+
+    /// The TTL in whole milliseconds (validation guarantees it fits).
+    pub fn ttl_ms(&self) -> u64 {
+        self.delay.as_millis() as u64
+    }
+}
+
+/// The bounds that keep the service's memory and the broker's channels finite.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Unacked deliveries per consumer; also bounds the publishes in flight per consumer.
+    pub prefetch: u16,
+    /// Deliveries the due hop may have in flight to one destination queue; more are put back
+    /// into the shortest tier, so one slow destination cannot take the whole prefetch.
+    pub max_in_flight_per_destination: u16,
+    /// Encoded size above which a message's headers are parked with `header-too-large`.
+    pub max_header_bytes: usize,
+    /// `retry-reason` is truncated to this many bytes.
+    pub max_reason_bytes: usize,
+}
+
+/// The shortest delay level: `2^4` ms. A wait shorter than this that is still to come waits
+/// a whole level, so an exact delay ends at most this much late (plus one hop), never early.
+pub const MIN_LEVEL_MS: u64 = 1 << 4;
+
+/// The longest delay level: `2^31` ms (24 d 20 h 31 m). With every level in between, any delay
+/// up to [`MAX_DELAY`] is a sum of distinct levels.
+pub const MAX_LEVEL_MS: u64 = 1 << 31;
+
+/// The longest exact delay accepted: 49 days (the levels sum to `2^32 − 16` ms, 49.7 days).
+pub const MAX_DELAY: Duration = Duration::from_secs(49 * 24 * 3600);
+
+/// The delay levels, shortest first: every power of two milliseconds from [`MIN_LEVEL_MS`] to
+/// [`MAX_LEVEL_MS`] (28 levels).
+pub fn delay_levels() -> Vec<Tier> {
+    (MIN_LEVEL_MS.trailing_zeros()..=MAX_LEVEL_MS.trailing_zeros())
+        .map(|k| Tier::new(Duration::from_millis(1 << k)))
+        .collect()
+}
+
+/// A spread applied to every backoff step: a step `d` waits exactly `d · (1 ± jitter)`, drawn
+/// uniformly, so retries of messages that failed together do not come back together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Jitter {
+    /// Thousandths of the step: 100 is 10 %.
+    pub permille: u16,
+}
+
+impl Jitter {
+    /// `step` spread by `draw` in `[0, 1)`: `step · (1 + jitter · (2·draw − 1))`, in whole ms.
+    pub fn apply(self, step: Duration, draw: f64) -> Duration {
+        let spread = f64::from(self.permille) / 1000.0 * (2.0 * draw.clamp(0.0, 1.0) - 1.0);
+        let ms = (step.as_millis() as f64 * (1.0 + spread)).round().max(1.0);
+        Duration::from_millis(ms as u64)
+    }
+}
+
+/// Who may send retries to which destinations (the ladder's `senders` and `unidentified`).
+///
+/// The sender is the message's `user_id` property as the ladder's intake receives it: RabbitMQ
+/// refuses a publish whose `user_id` is not the publishing connection's user, so it names who
+/// published the message — never a header, which anyone can write (`retry-original-user-id`
+/// included).
+#[derive(Debug, Clone)]
+pub struct Senders {
+    /// Each sender (a broker user name) and the destination queues it may target.
+    pub grants: Vec<(String, RegexSet)>,
+    /// What a message from no listed sender may do.
+    pub unidentified: Unidentified,
+}
+
+/// The policy for a message whose `user_id` is absent or names no listed sender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unidentified {
+    /// Parked as `sender-not-allowed`, whatever it targets.
+    Reject,
+    /// Accepted only in dead-letter mode (headed back to the queue the broker dead-lettered it
+    /// from), parked otherwise.
+    DeadLetter,
+}
+
+impl Unidentified {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unidentified::Reject => "reject",
+            Unidentified::DeadLetter => "dead-letter",
+        }
+    }
+}
+
+/// Where a message's destination comes from, which decides what an unidentified sender may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Whoever published it chose the queue (`retry-to`).
+    Explicit,
+    /// The newest `x-death` entry names the destination: the broker dead-lettered the message
+    /// out of the queue it is headed back to.
+    DeadLetter,
+}
+
+impl Senders {
+    /// Why `user` (the `user_id` property, if any) may not send a message in `mode` to
+    /// `destination`, or `None` if it may. A listed sender may target its own grants; any
+    /// message (from a listed sender or not) may take the [`Unidentified`] way, so naming
+    /// yourself never gives less than not doing so.
+    pub fn refuse(&self, ladder: &str, user: Option<&str>, mode: Mode, destination: &str) -> Option<String> {
+        let grants = user.and_then(|u| self.grants.iter().find(|(name, _)| name == u));
+        if grants.is_some_and(|(_, allowed)| allowed.is_match(destination)) {
+            return None;
+        }
+        if self.unidentified == Unidentified::DeadLetter && mode == Mode::DeadLetter {
+            return None;
+        }
+        let who = match (user, grants) {
+            (Some(user), Some(_)) => {
+                return Some(format!(
+                    "sender {user:?} may not send to {destination:?} (senders.{user} of ladder {ladder})"
+                ));
+            }
+            (Some(user), None) => format!("sender {user:?} is not in senders of ladder {ladder}"),
+            (None, _) => "the message has no user_id".to_string(),
+        };
+        Some(match self.unidentified {
+            Unidentified::Reject => format!("{who}; unidentified = \"reject\""),
+            Unidentified::DeadLetter => format!(
+                "{who}; unidentified = \"dead-letter\" accepts it only dead-lettered out of the queue it returns to"
+            ),
+        })
+    }
+}
+
+/// A validated ladder: its name, backoff steps, limits and allow-list.
+#[derive(Debug, Clone)]
+pub struct LadderSpec {
+    /// The file stem of its config file; part of every name it declares.
+    pub name: String,
+    /// The delay before retry 1, 2, 3 …; the last step is reused until `max_attempts`.
+    pub backoff: Vec<Duration>,
+    /// The backoff's distinct steps as tiers, shortest first (a retry without `jitter` or
+    /// `retry-delay` waits in exactly one of them).
+    pub steps: Vec<Tier>,
+    /// Every queue a message can wait in: the steps and, with exact delays, the delay levels;
+    /// distinct, shortest first. This is what is declared.
+    pub tiers: Vec<Tier>,
+    /// Whether the ladder has delay levels: exact `retry-delay`, `jitter`, and scheduled
+    /// deliveries (`x-delay`, `delay-until`). Without them a requested delay is rounded up to
+    /// the first step at least that long.
+    pub exact_delays: bool,
+    /// The spread of every backoff step, if any.
+    pub jitter: Option<Jitter>,
+    /// Retries allowed before a message is parked with `max-attempts`.
+    pub max_attempts: u32,
+    /// Destination queues this ladder may deliver to.
+    pub allow: RegexSet,
+    /// Exchanges a scheduled delivery may be published to (none unless configured).
+    pub allow_exchanges: RegexSet,
+    /// Queue type of the tiers (and of intake and due).
+    pub queue_type: QueueType,
+    /// Dead-lettering strategy of the tiers.
+    pub dead_letter_strategy: DeadLetterStrategy,
+    /// Who may send to which destinations; `None`: anyone who can publish to the intake
+    /// exchange may target any allowed destination.
+    pub senders: Option<Senders>,
+}
+
+impl LadderSpec {
+    /// Builds the tier list from `backoff`, with exact delays on, no jitter and no exchange
+    /// allowed; callers validate `backoff` first.
+    pub fn new(
+        name: String,
+        backoff: Vec<Duration>,
+        max_attempts: u32,
+        allow: RegexSet,
+        queue_type: QueueType,
+        dead_letter_strategy: DeadLetterStrategy,
+    ) -> Self {
+        let mut delays = backoff.clone();
+        delays.sort();
+        delays.dedup();
+        let steps: Vec<Tier> = delays.into_iter().map(Tier::new).collect();
+        let mut spec = LadderSpec {
+            name,
+            tiers: steps.clone(),
+            steps,
+            exact_delays: false,
+            jitter: None,
+            backoff,
+            max_attempts,
+            allow,
+            allow_exchanges: RegexSet::empty(),
+            queue_type,
+            dead_letter_strategy,
+            senders: None,
+        };
+        spec.set_exact_delays(true);
+        spec
+    }
+
+    /// The same ladder, restricted to `senders`.
+    pub fn with_senders(self, senders: Senders) -> Self {
+        LadderSpec {
+            senders: Some(senders),
+            ..self
+        }
+    }
+
+    /// Turns the delay levels on or off.
+    pub fn set_exact_delays(&mut self, on: bool) {
+        self.exact_delays = on;
+        let mut tiers = self.steps.clone();
+        if on {
+            tiers.extend(delay_levels());
+        }
+        tiers.sort_by_key(|t| t.delay);
+        tiers.dedup_by_key(|t| t.delay);
+        self.tiers = tiers;
+    }
+
+    /// The step for retry number `attempt` (1-based); attempts past the end reuse the last step.
+    pub fn tier_for_attempt(&self, attempt: u32) -> &Tier {
+        let index = (attempt.max(1) as usize - 1).min(self.backoff.len() - 1);
+        self.step_by_delay(self.backoff[index])
+    }
+
+    /// The shortest step at least `min_delay` long, or the longest step if none is.
+    pub fn tier_for_min_delay(&self, min_delay: Duration) -> &Tier {
+        self.steps
+            .iter()
+            .find(|tier| tier.delay >= min_delay)
+            .unwrap_or_else(|| self.steps.last().expect("a validated ladder has a step"))
+    }
+
+    /// How long retry number `attempt` waits: its step (spread by `jitter` with `draw`),
+    /// lengthened to a requested minimum delay. Without exact delays, rounded up to a step.
+    pub fn retry_delay(&self, attempt: u32, min_delay: Option<Duration>, draw: f64) -> Duration {
+        let step = self.tier_for_attempt(attempt).delay;
+        if !self.exact_delays {
+            return match min_delay {
+                Some(wanted) if wanted > step => self.tier_for_min_delay(wanted).delay,
+                _ => step,
+            };
+        }
+        let spread = self.jitter.map_or(step, |j| j.apply(step, draw));
+        min_delay.map_or(spread, |wanted| wanted.max(spread))
+    }
+
+    /// The tier to wait in next when `remaining` is still to wait: the longest tier no longer
+    /// than it (so a message is never early), or the shortest when every tier is longer. With
+    /// the delay levels every wait at least halves what remains, so a delay `d` takes at most
+    /// `log2(d / 16 ms) + 1` tiers (28 for 49 days), and a backoff step exactly one.
+    pub fn next_wait(&self, remaining: Duration) -> &Tier {
+        self.tiers
+            .iter()
+            .rev()
+            .find(|t| t.delay <= remaining)
+            .unwrap_or_else(|| self.tiers.first().expect("a validated ladder has a tier"))
+    }
+
+    /// The tier a retry waits in: the attempt's step, lengthened to honour a requested minimum delay.
+    pub fn choose_tier(&self, attempt: u32, min_delay: Option<Duration>) -> &Tier {
+        let by_attempt = self.tier_for_attempt(attempt);
+        match min_delay {
+            Some(wanted) if wanted > by_attempt.delay => self.tier_for_min_delay(wanted),
+            _ => by_attempt,
+        }
+    }
+
+    /// Whether this ladder may deliver to `queue`.
+    pub fn allows(&self, queue: &str) -> bool {
+        self.allow.is_match(queue)
+    }
+
+    fn step_by_delay(&self, delay: Duration) -> &Tier {
+        self.steps
+            .iter()
+            .find(|tier| tier.delay == delay)
+            .expect("every backoff step has a tier")
+    }
+}
+
+/// Formats a duration as compact humantime without spaces: `250ms`, `10s`, `1m`, `1h30m`, `48h`.
+///
+/// Hours are the largest unit so that names stay readable and unambiguous (`humantime`'s own
+/// formatter would say `2days 1h` and insert spaces, which do not belong in a queue name).
+pub fn compact_duration(duration: Duration) -> String {
+    let total_ms = duration.as_millis();
+    if total_ms == 0 {
+        return "0ms".to_string();
+    }
+    let parts = [
+        (total_ms / 3_600_000, "h"),
+        (total_ms / 60_000 % 60, "m"),
+        (total_ms / 1_000 % 60, "s"),
+        (total_ms % 1_000, "ms"),
+    ];
+    parts
+        .iter()
+        .filter(|(value, _)| *value > 0)
+        .map(|(value, unit)| format!("{value}{unit}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ladder(steps: &[u64], max_attempts: u32) -> LadderSpec {
+        LadderSpec::new(
+            "t".into(),
+            steps.iter().map(|ms| Duration::from_millis(*ms)).collect(),
+            max_attempts,
+            RegexSet::new(["^orders$"]).unwrap(),
+            QueueType::Quorum,
+            DeadLetterStrategy::AtLeastOnce,
+        )
+    }
+
+    fn senders(unidentified: Unidentified) -> Senders {
+        Senders {
+            grants: vec![
+                ("billing-svc".into(), RegexSet::new(["^billing\\."]).unwrap()),
+                ("orders-svc".into(), RegexSet::new(["^orders$"]).unwrap()),
+            ],
+            unidentified,
+        }
+    }
+
+    #[test]
+    fn a_listed_sender_may_target_its_grants_only() {
+        let s = senders(Unidentified::Reject);
+        assert_eq!(
+            s.refuse("l", Some("billing-svc"), Mode::Explicit, "billing.invoices"),
+            None
+        );
+        assert_eq!(s.refuse("l", Some("orders-svc"), Mode::Explicit, "orders"), None);
+        let no = s.refuse("l", Some("billing-svc"), Mode::Explicit, "orders").unwrap();
+        assert!(no.contains("\"billing-svc\" may not send to \"orders\""), "{no}");
+        // a grant is for explicit and dead-letter mode alike
+        assert_eq!(s.refuse("l", Some("orders-svc"), Mode::DeadLetter, "orders"), None);
+        assert!(
+            s.refuse("l", Some("orders-svc"), Mode::DeadLetter, "billing.x")
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn unidentified_messages_follow_the_policy() {
+        let reject = senders(Unidentified::Reject);
+        for mode in [Mode::Explicit, Mode::DeadLetter] {
+            let no = reject.refuse("l", None, mode, "orders").unwrap();
+            assert!(no.contains("no user_id") && no.contains("reject"), "{no}");
+            let no = reject.refuse("l", Some("mallory"), mode, "orders").unwrap();
+            assert!(no.contains("\"mallory\" is not in senders of ladder l"), "{no}");
+        }
+        let dead_letter = senders(Unidentified::DeadLetter);
+        assert_eq!(dead_letter.refuse("l", None, Mode::DeadLetter, "orders"), None);
+        assert_eq!(
+            dead_letter.refuse("l", Some("mallory"), Mode::DeadLetter, "billing.x"),
+            None
+        );
+        // a listed sender outside its grants still has what an unidentified one has
+        assert_eq!(
+            dead_letter.refuse("l", Some("orders-svc"), Mode::DeadLetter, "billing.x"),
+            None
+        );
+        let no = dead_letter.refuse("l", None, Mode::Explicit, "orders").unwrap();
+        assert!(no.contains("only dead-lettered"), "{no}");
+        assert!(
+            dead_letter
+                .refuse("l", Some("mallory"), Mode::Explicit, "orders")
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn compact_names() {
+        let cases = [
+            (250, "250ms"),
+            (1_000, "1s"),
+            (10_000, "10s"),
+            (60_000, "1m"),
+            (5_400_000, "1h30m"),
+            (1_500, "1s500ms"),
+            (172_800_000, "48h"),
+            (3_661_001, "1h1m1s1ms"),
+        ];
+        for (ms, name) in cases {
+            assert_eq!(compact_duration(Duration::from_millis(ms)), name, "{ms} ms");
+        }
+    }
+
+    #[test]
+    fn compact_names_parse_back_with_humantime() {
+        for ms in [1, 999, 1_000, 61_001, 5_400_000, 90_061_001] {
+            let name = compact_duration(Duration::from_millis(ms));
+            assert_eq!(humantime::parse_duration(&name).unwrap().as_millis() as u64, ms);
+        }
+    }
+
+    #[test]
+    fn tiers_are_distinct_and_sorted() {
+        let mut l = ladder(&[10_000, 1_000, 10_000, 60_000], 4);
+        let names: Vec<_> = l.steps.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["1s", "10s", "1m"]);
+        l.set_exact_delays(false);
+        let names: Vec<_> = l.tiers.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["1s", "10s", "1m"]);
+    }
+
+    #[test]
+    fn attempt_picks_its_step_and_reuses_the_last() {
+        let l = ladder(&[1_000, 10_000, 60_000], 10);
+        assert_eq!(l.tier_for_attempt(1).name, "1s");
+        assert_eq!(l.tier_for_attempt(2).name, "10s");
+        assert_eq!(l.tier_for_attempt(3).name, "1m");
+        assert_eq!(l.tier_for_attempt(9).name, "1m");
+        // attempt 0 cannot be produced by intake, but must not panic
+        assert_eq!(l.tier_for_attempt(0).name, "1s");
+    }
+
+    #[test]
+    fn min_delay_picks_first_tier_long_enough_or_the_longest() {
+        let l = ladder(&[1_000, 10_000, 60_000], 3);
+        assert_eq!(l.tier_for_min_delay(Duration::from_millis(1)).name, "1s");
+        assert_eq!(l.tier_for_min_delay(Duration::from_secs(1)).name, "1s");
+        assert_eq!(l.tier_for_min_delay(Duration::from_millis(1_001)).name, "10s");
+        assert_eq!(l.tier_for_min_delay(Duration::from_secs(3_600)).name, "1m");
+    }
+
+    #[test]
+    fn choose_tier_never_shortens_the_backoff() {
+        let l = ladder(&[1_000, 10_000, 60_000], 3);
+        assert_eq!(l.choose_tier(2, Some(Duration::from_millis(5))).name, "10s");
+        assert_eq!(l.choose_tier(1, Some(Duration::from_secs(30))).name, "1m");
+        assert_eq!(l.choose_tier(1, None).name, "1s");
+    }
+
+    #[test]
+    fn the_levels_are_the_powers_of_two_from_16ms_to_24_days() {
+        let levels = delay_levels();
+        assert_eq!(levels.len(), 28);
+        assert_eq!(levels[0].name, "16ms");
+        assert_eq!(levels[6].name, "1s24ms");
+        assert_eq!(levels[27].ttl_ms(), 1 << 31);
+        assert!(levels.iter().map(|l| l.ttl_ms()).sum::<u64>() >= MAX_DELAY.as_millis() as u64);
+        let l = ladder(&[1_000, 10_000], 3);
+        assert_eq!(l.tiers.len(), 30, "the steps and the levels");
+        assert_eq!(l.steps.len(), 2);
+        let mut off = l.clone();
+        off.set_exact_delays(false);
+        assert_eq!(off.tiers, off.steps);
+    }
+
+    /// Following `next_wait` from any delay: never early, at most one short level late, in at
+    /// most log2(d / 16 ms) + 1 tiers; a backoff step is one tier.
+    #[test]
+    fn waits_compose_any_delay_exactly_in_few_tiers() {
+        let l = ladder(&[1_000, 10_000, 60_000, 600_000], 4);
+        let mut delays: Vec<u64> = vec![1, 15, 16, 17, 75_000, 86_400_000, 30 * 86_400_000, MAX_DELAY.as_millis() as u64];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            delays.push(x % MAX_DELAY.as_millis() as u64 + 1);
+        }
+        let mut worst = 0;
+        for d in delays {
+            let (mut waited, mut hops) = (0u64, 0u32);
+            while waited < d {
+                waited += l.next_wait(Duration::from_millis(d - waited)).ttl_ms();
+                hops += 1;
+            }
+            let bound = 64 - (d / MIN_LEVEL_MS).max(1).leading_zeros() + 1;
+            assert!(hops <= bound, "{d} ms took {hops} tiers, bound {bound}");
+            assert!(waited - d < MIN_LEVEL_MS, "{d} ms waited {waited}");
+            worst = worst.max(hops);
+        }
+        assert!(worst <= 29, "{worst}");
+        for step in [1_000, 10_000, 60_000, 600_000] {
+            assert_eq!(l.next_wait(Duration::from_millis(step)).ttl_ms(), step, "a step is one tier");
+        }
+    }
+
+    #[test]
+    fn jitter_spreads_a_step_both_ways_and_retry_delay_is_exact() {
+        let mut l = ladder(&[10_000], 3);
+        l.jitter = Some(Jitter { permille: 100 });
+        assert_eq!(l.retry_delay(1, None, 0.0).as_millis(), 9_000);
+        assert_eq!(l.retry_delay(1, None, 0.5).as_millis(), 10_000);
+        assert_eq!(l.retry_delay(1, None, 0.999_999).as_millis(), 11_000);
+        l.jitter = None;
+        assert_eq!(l.retry_delay(1, Some(Duration::from_secs(75)), 0.3).as_secs(), 75, "exact, not the next step");
+        assert_eq!(l.retry_delay(1, Some(Duration::from_secs(1)), 0.3).as_secs(), 10, "never shorter than the step");
+        l.set_exact_delays(false);
+        assert_eq!(l.retry_delay(1, Some(Duration::from_secs(75)), 0.3).as_secs(), 10, "rounded to the longest step");
+    }
+}

@@ -1,0 +1,151 @@
+//! The names every ladder owns on the broker, for namespace `N` and ladder `L` — a contract
+//! other tools and languages rely on (README "Topology"). Every name is made here.
+
+use std::fmt;
+
+use crate::model::ladder::{LadderSpec, Tier};
+
+/// The names of one ladder's exchanges and queues, for namespace `N` and ladder `L`.
+#[derive(Debug, Clone)]
+pub struct Names {
+    /// `N.` — every name of the namespace starts with this.
+    pub prefix: String,
+    /// `N.L`: the fanout intake exchange consumers publish or dead-letter to.
+    pub intake_exchange: String,
+    /// `N.L.intake`: the queue the service consumes failures from.
+    pub intake_queue: String,
+    /// `N.L.tiers`: the direct exchange routing by tier name.
+    pub tiers_exchange: String,
+    /// `N.L.due`: the fanout exchange and the queue of expired messages.
+    pub due: String,
+    /// `N.L.parked`: the parking-lot stream.
+    pub parked: String,
+    /// `N.L.quarantine`: the fanout exchange and the queue intake and due dead-letter into.
+    pub quarantine: String,
+    /// `N.L.operator-lock`: the exclusive queue a replay or discard holds while it acts.
+    pub operator_lock: String,
+    /// `N.L.cancels`: the stream of cancelled message ids.
+    pub cancels: String,
+}
+
+impl Names {
+    /// Names for ladder `ladder` in namespace `namespace`.
+    pub fn new(namespace: &str, ladder: &str) -> Self {
+        let base = format!("{namespace}.{ladder}");
+        Names {
+            prefix: format!("{namespace}."),
+            intake_queue: format!("{base}.intake"),
+            tiers_exchange: format!("{base}.tiers"),
+            due: format!("{base}.due"),
+            parked: format!("{base}.parked"),
+            quarantine: format!("{base}.quarantine"),
+            operator_lock: format!("{base}.operator-lock"),
+            cancels: format!("{base}.cancels"),
+            intake_exchange: base,
+        }
+    }
+
+    /// `N.L.delay.<tier>`.
+    pub fn tier_queue(&self, tier: &Tier) -> String {
+        format!("{}.delay.{}", self.intake_exchange, tier.name)
+    }
+
+    /// Every queue of the ladder with its role, the `queue` label of `ladder_queue_messages`:
+    /// `intake`, `due`, `parked`, `quarantine`, then `delay.<tier>` shortest first.
+    pub fn queues(&self, spec: &LadderSpec) -> Vec<(String, String)> {
+        let mut queues = vec![
+            ("intake".to_string(), self.intake_queue.clone()),
+            ("due".to_string(), self.due.clone()),
+            ("parked".to_string(), self.parked.clone()),
+            ("quarantine".to_string(), self.quarantine.clone()),
+        ];
+        queues.extend(
+            spec.tiers
+                .iter()
+                .map(|tier| (format!("delay.{}", tier.name), self.tier_queue(tier))),
+        );
+        queues
+    }
+
+    /// The longest name this ladder declares (for the 255-byte limit).
+    pub fn longest_name(&self, spec: &LadderSpec) -> String {
+        let mut names = vec![self.intake_queue.clone(), self.parked.clone()];
+        names.extend(spec.tiers.iter().map(|t| self.tier_queue(t)));
+        names.into_iter().max_by_key(String::len).unwrap_or_default()
+    }
+}
+
+/// Which of a ladder's queues a loop consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    /// `N.L.intake`: failures coming in.
+    Intake,
+    /// `N.L.due`: messages whose wait is over.
+    Due,
+    /// `N.L.quarantine`: what the broker dead-lettered out of intake or due (a delivery limit,
+    /// or a policy's TTL or length limit); parked as it is.
+    Quarantine,
+}
+
+impl Hop {
+    /// Every hop, in the order the metrics keep them.
+    pub const ALL: [Hop; 3] = [Hop::Intake, Hop::Due, Hop::Quarantine];
+}
+
+impl fmt::Display for Hop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hop::Intake => "intake",
+            Hop::Due => "due",
+            Hop::Quarantine => "quarantine",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ladder::{DeadLetterStrategy, QueueType};
+    use std::time::Duration;
+
+    fn spec(queue_type: QueueType, strategy: DeadLetterStrategy) -> LadderSpec {
+        let mut spec = LadderSpec::new(
+            "orders".into(),
+            vec![Duration::from_secs(10), Duration::from_secs(3600)],
+            3,
+            regex::RegexSet::new(["^x$"]).unwrap(),
+            queue_type,
+            strategy,
+        );
+        spec.set_exact_delays(false);
+        spec
+    }
+
+    #[test]
+    fn names_follow_the_contract() {
+        let n = Names::new("ns", "orders");
+        assert_eq!(n.intake_exchange, "ns.orders");
+        assert_eq!(n.intake_queue, "ns.orders.intake");
+        assert_eq!(n.tiers_exchange, "ns.orders.tiers");
+        assert_eq!(n.due, "ns.orders.due");
+        assert_eq!(n.parked, "ns.orders.parked");
+        assert_eq!(
+            n.tier_queue(&Tier::new(Duration::from_millis(5_400_000))),
+            "ns.orders.delay.1h30m"
+        );
+        let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        let queues = n.queues(&s);
+        let roles: Vec<(&str, &str)> = queues.iter().map(|(r, q)| (r.as_str(), q.as_str())).collect();
+        assert_eq!(
+            roles,
+            [
+                ("intake", "ns.orders.intake"),
+                ("due", "ns.orders.due"),
+                ("parked", "ns.orders.parked"),
+                ("quarantine", "ns.orders.quarantine"),
+                ("delay.10s", "ns.orders.delay.10s"),
+                ("delay.1h", "ns.orders.delay.1h"),
+            ]
+        );
+    }
+}

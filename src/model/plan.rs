@@ -1,0 +1,343 @@
+//! What a ladder declares on the broker: every exchange, queue (with its arguments, per
+//! broker version) and binding, in order. Declaring them is the broker wing's
+//! (`broker::topology::apply`); this is only the list.
+//!
+//! Declaring is idempotent and never deletes: a changed delay is a new tier queue, and the
+//! old one keeps dead-lettering into the due path until it is empty.
+
+use std::fmt;
+
+use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType};
+use crate::model::names::Names;
+
+/// One thing to declare on the broker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Declaration {
+    /// A durable exchange.
+    Exchange {
+        /// Exchange name.
+        name: String,
+        /// `fanout` or `direct`.
+        kind: &'static str,
+    },
+    /// A durable queue with its arguments.
+    Queue {
+        /// Queue name.
+        name: String,
+        /// `x-…` arguments, in the order shown by `ladder plan`.
+        args: Vec<(&'static str, ArgValue)>,
+        /// The arguments an older Ladder (or the same one on an older broker) declared this
+        /// queue with, if they differ: RabbitMQ refuses to change a queue's arguments, so an
+        /// existing queue of that shape is kept as it is, and [`apply`] says how to add what it
+        /// lacks with a policy.
+        older: Option<Vec<(&'static str, ArgValue)>>,
+    },
+    /// A binding of `queue` to `exchange` with `key`.
+    Binding {
+        /// Source exchange.
+        exchange: String,
+        /// Destination queue.
+        queue: String,
+        /// Routing key (empty for fanout).
+        key: String,
+    },
+}
+
+/// A queue argument value: a string or an integer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArgValue {
+    /// Sent as a long string.
+    Str(String),
+    /// Sent as a signed 64-bit integer.
+    Int(i64),
+}
+
+impl fmt::Display for Declaration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Declaration::Exchange { name, kind } => write!(f, "exchange {name} type={kind} durable"),
+            Declaration::Queue { name, args, .. } => {
+                write!(f, "queue    {name} durable")?;
+                for (key, value) in args {
+                    match value {
+                        ArgValue::Str(s) => write!(f, " {key}={s}")?,
+                        ArgValue::Int(i) => write!(f, " {key}={i}")?,
+                    }
+                }
+                Ok(())
+            }
+            Declaration::Binding { exchange, queue, key } => {
+                write!(f, "binding  {exchange} -> {queue} key={key:?}")
+            }
+        }
+    }
+}
+
+/// A RabbitMQ version, as its `connection.start` says (`version` server property).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BrokerVersion(pub u32, pub u32, pub u32);
+
+impl BrokerVersion {
+    /// The newest version the plan is written for when no broker is asked (`ladder plan`).
+    pub const LATEST: BrokerVersion = BrokerVersion(4, 3, 0);
+
+    /// 4.0 and later: quorum queues have a default delivery limit of 20.
+    fn quorum_delivery_limit_by_default(self) -> bool {
+        self >= BrokerVersion(4, 0, 0)
+    }
+}
+
+impl BrokerVersion {
+    /// The version in a broker's `(major, minor, patch)`, the latest if it does not say.
+    pub fn from_server(version: Option<(u32, u32, u32)>) -> BrokerVersion {
+        version.map_or(BrokerVersion::LATEST, |(a, b, c)| BrokerVersion(a, b, c))
+    }
+}
+
+impl fmt::Display for BrokerVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// How many times a delivery may return to `N.L.intake` or `N.L.due` (a lost connection counts,
+/// on every version measured: 3.10, 4.0, 4.3) before the broker dead-letters it into the
+/// ladder's quarantine, which parks it. The service holds a delivery only until one publish is
+/// confirmed, and parks what it cannot handle, so only a broker or network in trouble returns
+/// a delivery; 100 survives any realistic run of reconnects (on 4.3 a message dead-lettered
+/// into the ladder arrives already carrying its source queue's count, up to that queue's limit,
+/// 20 by default), while a loop that keeps failing on one message still ends in the parking lot.
+pub const DELIVERY_LIMIT: i64 = 100;
+
+/// Everything the service declares for `ladders` in `namespace` on a broker of `version`, in
+/// an order that declares before binding.
+pub fn plan(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Declaration> {
+    ladders
+        .iter()
+        .flat_map(|spec| plan_ladder(&Names::new(namespace, &spec.name), spec, version))
+        .collect()
+}
+
+/// The declarations of one ladder.
+pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> Vec<Declaration> {
+    let exchange = |name: &str, kind| Declaration::Exchange {
+        name: name.into(),
+        kind,
+    };
+    let bind = |exchange: &str, queue: &str, key: &str| Declaration::Binding {
+        exchange: exchange.into(),
+        queue: queue.into(),
+        key: key.into(),
+    };
+    let queue_type = ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into()));
+    let quorum = spec.queue_type == QueueType::Quorum;
+    // intake and due dead-letter into the quarantine, after DELIVERY_LIMIT returns (quorum)
+    let netted = || {
+        let mut args = vec![
+            queue_type.clone(),
+            ("x-dead-letter-exchange", ArgValue::Str(names.quarantine.clone())),
+        ];
+        if quorum {
+            args.push(("x-delivery-limit", ArgValue::Int(DELIVERY_LIMIT)));
+        }
+        args
+    };
+    // the quarantine is the last stop: no delivery limit (4.x would impose 20)
+    let mut quarantine_args = vec![queue_type.clone()];
+    if quorum && version.quorum_delivery_limit_by_default() {
+        quarantine_args.push(("x-delivery-limit", ArgValue::Int(-1)));
+    }
+
+    // the shape of intake and due before they had the net; of the quarantine on 3.x
+    let type_only = Some(vec![queue_type.clone()]);
+    let quarantine_older = (quarantine_args.len() > 1).then(|| vec![queue_type.clone()]);
+
+    let mut out = vec![
+        exchange(&names.quarantine, "fanout"),
+        Declaration::Queue {
+            name: names.quarantine.clone(),
+            args: quarantine_args,
+            older: quarantine_older,
+        },
+        bind(&names.quarantine, &names.quarantine, ""),
+        exchange(&names.intake_exchange, "fanout"),
+        Declaration::Queue {
+            name: names.intake_queue.clone(),
+            args: netted(),
+            older: type_only.clone(),
+        },
+        bind(&names.intake_exchange, &names.intake_queue, ""),
+        exchange(&names.tiers_exchange, "direct"),
+        exchange(&names.due, "fanout"),
+        Declaration::Queue {
+            name: names.due.clone(),
+            args: netted(),
+            older: type_only,
+        },
+        bind(&names.due, &names.due, ""),
+    ];
+    for tier in &spec.tiers {
+        let queue = names.tier_queue(tier);
+        let mut args = vec![
+            queue_type.clone(),
+            ("x-message-ttl", ArgValue::Int(tier.ttl_ms() as i64)),
+            ("x-dead-letter-exchange", ArgValue::Str(names.due.clone())),
+        ];
+        match (spec.queue_type, spec.dead_letter_strategy) {
+            (QueueType::Quorum, DeadLetterStrategy::AtLeastOnce) => {
+                args.push(("x-dead-letter-strategy", ArgValue::Str("at-least-once".into())));
+                // at-least-once dead-lettering requires it
+                args.push(("x-overflow", ArgValue::Str("reject-publish".into())));
+            }
+            (QueueType::Classic, _) if tier.delay.as_secs() >= LAZY_TIER_SECS => {
+                // a long classic tier holds many messages; keep them on disk, not in memory
+                args.push(("x-queue-mode", ArgValue::Str("lazy".into())));
+            }
+            _ => {}
+        }
+        out.push(Declaration::Queue {
+            name: queue.clone(),
+            args,
+            older: None,
+        });
+        out.push(bind(&names.tiers_exchange, &queue, &tier.name));
+    }
+    out.push(Declaration::Queue {
+        name: names.parked.clone(),
+        args: vec![("x-queue-type", ArgValue::Str("stream".into()))],
+        older: None,
+    });
+    // cancellations of scheduled deliveries (only a ladder with delay levels schedules) hold for
+    // as long as anything can wait (49 days): the broker drops them after
+    if spec.exact_delays {
+        out.push(Declaration::Queue {
+            name: names.cancels.clone(),
+            args: vec![
+                ("x-queue-type", ArgValue::Str("stream".into())),
+                ("x-max-age", ArgValue::Str(CANCELS_MAX_AGE.into())),
+            ],
+            older: None,
+        });
+    }
+    out
+}
+
+/// How long the cancellation stream keeps a record: a day more than the longest delay.
+pub const CANCELS_MAX_AGE: &str = "50D";
+
+/// Classic tiers at least this long are lazy: 1 000 000 waiting messages cost +48 MB of broker
+/// memory lazy versus +3.5 GB in the default mode (shared/DESIGN.md).
+const LAZY_TIER_SECS: u64 = 60;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn spec(queue_type: QueueType, strategy: DeadLetterStrategy) -> LadderSpec {
+        LadderSpec::new(
+            "orders".into(),
+            vec![Duration::from_secs(10), Duration::from_secs(3600)],
+            3,
+            regex::RegexSet::new(["^x$"]).unwrap(),
+            queue_type,
+            strategy,
+        )
+    }
+
+    #[test]
+    fn quorum_tiers_dead_letter_at_least_once_into_due() {
+        let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &s, BrokerVersion::LATEST)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        let tier = plan
+            .iter()
+            .find(|l| l.contains("queue    ns.orders.delay.10s"))
+            .unwrap();
+        assert_eq!(
+            tier,
+            "queue    ns.orders.delay.10s durable x-queue-type=quorum x-message-ttl=10000 \
+             x-dead-letter-exchange=ns.orders.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
+        );
+        assert!(plan.contains(&"binding  ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"".to_string()));
+        assert!(plan.contains(&"queue    ns.orders.parked durable x-queue-type=stream".to_string()));
+        assert!(plan.contains(&"binding  ns.orders -> ns.orders.intake key=\"\"".to_string()));
+        assert!(plan.contains(&"binding  ns.orders.due -> ns.orders.due key=\"\"".to_string()));
+    }
+
+    #[test]
+    fn intake_and_due_dead_letter_into_a_quarantine_without_a_delivery_limit() {
+        let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        let lines = |version| -> Vec<String> {
+            plan_ladder(&Names::new("ns", "orders"), &s, version)
+                .iter()
+                .map(|d| d.to_string())
+                .collect()
+        };
+        for version in [BrokerVersion(3, 10, 8), BrokerVersion(4, 0, 5), BrokerVersion(4, 3, 6)] {
+            let plan = lines(version);
+            for queue in ["intake", "due"] {
+                let want = format!(
+                    "queue    ns.orders.{queue} durable x-queue-type=quorum \
+                     x-dead-letter-exchange=ns.orders.quarantine x-delivery-limit={DELIVERY_LIMIT}"
+                );
+                assert!(plan.contains(&want), "{version}: {plan:#?}");
+            }
+            let quarantine = plan
+                .iter()
+                .position(|l| l.starts_with("queue    ns.orders.quarantine"))
+                .unwrap();
+            let intake = plan
+                .iter()
+                .position(|l| l.starts_with("queue    ns.orders.intake"))
+                .unwrap();
+            assert!(quarantine < intake, "the net exists before what falls into it");
+            assert!(plan.contains(&"binding  ns.orders.quarantine -> ns.orders.quarantine key=\"\"".to_string()));
+        }
+        // 4.x would limit the quarantine to 20 deliveries: it says unlimited; 3.x has no limit
+        assert!(
+            lines(BrokerVersion(4, 0, 5))
+                .contains(&"queue    ns.orders.quarantine durable x-queue-type=quorum x-delivery-limit=-1".to_string())
+        );
+        assert!(
+            lines(BrokerVersion(3, 10, 8))
+                .contains(&"queue    ns.orders.quarantine durable x-queue-type=quorum".to_string())
+        );
+        // classic queues have no delivery limit: only the dead-letter exchange
+        let classic = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
+        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &classic, BrokerVersion::LATEST)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert!(
+            plan.contains(
+                &"queue    ns.orders.intake durable x-queue-type=classic x-dead-letter-exchange=ns.orders.quarantine"
+                    .to_string()
+            ),
+            "{plan:#?}"
+        );
+    }
+
+    #[test]
+    fn classic_long_tiers_are_lazy_and_short_ones_are_not() {
+        let s = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
+        let plan = plan_ladder(&Names::new("ns", "orders"), &s, BrokerVersion::LATEST);
+        let args_of = |name: &str| {
+            plan.iter()
+                .find_map(|d| match d {
+                    Declaration::Queue { name: n, args, .. } if n == name => Some(args.clone()),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        assert!(args_of("ns.orders.delay.1h").contains(&("x-queue-mode", ArgValue::Str("lazy".into()))));
+        assert!(!args_of("ns.orders.delay.10s").iter().any(|(k, _)| *k == "x-queue-mode"));
+        assert!(
+            !args_of("ns.orders.delay.10s")
+                .iter()
+                .any(|(k, _)| *k == "x-dead-letter-strategy")
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! The admin server and the depth poller against the real broker: `/ready` follows the
+//! service, `/metrics` and `/api/ladders` follow real retries, a purged tier is reported by the
+//! accounting check, and an unreachable broker only shows as an error in `/api/ladders`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::common::*;
+use ladder::admin;
+use ladder::config::SecretUri;
+use ladder_amqp::FieldTable;
+
+/// Fast polls, so a test sees depths and the accounting verdict within a second or two.
+const FAST_POLLS: &str = "[admin]\npoll_interval = \"100ms\"";
+
+/// A short tier that delivers during the test and a long one that holds messages throughout.
+const SHORT_AND_LONG: &str = r#"
+backoff = ["200ms", "10m"]
+max_attempts = 2
+allow = ["^{ns}-"]
+"#;
+
+/// One long tier: whatever is scheduled stays there for the whole test.
+const LONG_ONLY: &str = r#"
+backoff = ["10m"]
+allow = ["^{ns}-"]
+"#;
+
+/// What these tests read from the admin server.
+trait AdminReads {
+    async fn get(&self, path: &str) -> Response;
+    async fn metrics(&self) -> String;
+    async fn ladders(&self) -> serde_json::Value;
+    async fn wait_ladders(&self, what: &str, condition: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value;
+    async fn wait_metrics(&self, lines: &[&str]) -> String;
+}
+
+impl AdminReads for TestAdmin {
+    async fn get(&self, path: &str) -> Response {
+        http_get(self.addr, path).await
+    }
+
+    async fn metrics(&self) -> String {
+        let r = self.get("/metrics").await;
+        assert_eq!(r.status, 200);
+        r.body
+    }
+
+    async fn ladders(&self) -> serde_json::Value {
+        let r = self.get("/api/ladders").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        serde_json::from_str(&r.body).expect("/api/ladders is JSON")
+    }
+
+    /// Polls `/api/ladders` until `condition` holds for it; panics after [`WAIT`].
+    async fn wait_ladders(&self, what: &str, condition: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        eventually_ok(what, WAIT, async || {
+            let v = self.ladders().await;
+            if condition(&v) { Ok(v) } else { Err(format!("\n{v:#}")) }
+        })
+        .await
+    }
+
+    /// Polls `/metrics` until it has every line of `lines`; panics after [`WAIT`].
+    async fn wait_metrics(&self, lines: &[&str]) -> String {
+        eventually_ok("/metrics has every line", WAIT, async || {
+            let text = self.metrics().await;
+            let missing: Vec<_> = lines.iter().filter(|l| !text.lines().any(|line| line == **l)).collect();
+            if missing.is_empty() {
+                Ok(text)
+            } else {
+                Err(format!("{missing:?} missing in\n{text}"))
+            }
+        })
+        .await
+    }
+}
+
+struct Response {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+/// `GET path` over a plain HTTP/1.1 connection (no client crate needed), bounded by [`WAIT`].
+async fn http_get(addr: SocketAddr, path: &str) -> Response {
+    let path = path.to_string();
+    let get = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        raw
+    });
+    let raw = tokio::time::timeout(WAIT, get).await.expect("GET timed out").unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a complete HTTP response");
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    assert!(header("transfer-encoding").is_none(), "unexpected chunked body");
+    Response {
+        status,
+        content_type: header("content-type").unwrap_or_default(),
+        body: body.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_is_503_until_the_service_serves_and_after_it_stopped() {
+    let mut t = TestLadder::configure_with("admin-ready", FAST_POLLS, SHORT_AND_LONG).await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let live = admin.get("/live").await;
+    assert_eq!((live.status, live.body.as_str()), (200, "ok"));
+    assert_eq!(admin.get("/ready").await.status, 503);
+
+    t.start_service().await;
+    assert_eq!(admin.get("/ready").await.status, 200);
+
+    t.stop_service().await;
+    assert_eq!(admin.get("/ready").await.status, 503);
+    assert_eq!(admin.get("/live").await.status, 200);
+    admin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_ladders_follow_real_retries() {
+    let mut t = TestLadder::configure_with("admin-metrics", FAST_POLLS, SHORT_AND_LONG).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    assert_eq!(admin.get("/ready").await.status, 200);
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+
+    // 3 first failures: the 200ms tier, then back to orders
+    for i in 0..3 {
+        t.publish(
+            &t.intake(),
+            "",
+            format!("short {i}").as_bytes(),
+            retry_props(&orders, None),
+        )
+        .await;
+    }
+    // 2 second failures: the 10m tier, where they stay
+    for i in 0..2 {
+        t.publish(
+            &t.intake(),
+            "",
+            format!("long {i}").as_bytes(),
+            retry_props(&orders, Some(1)),
+        )
+        .await;
+    }
+    // 1 to a queue the ladder may not deliver to: parked at intake
+    t.publish(&t.intake(), "", b"stray", retry_props("elsewhere", None))
+        .await;
+    for _ in 0..3 {
+        next(&mut consumer).await;
+    }
+
+    let ladder = "ladder=\"default\"";
+    let text = admin
+        .wait_metrics(&[
+            &format!("ladder_received_messages_total{{{ladder},hop=\"intake\"}} 6"),
+            &format!("ladder_received_messages_total{{{ladder},hop=\"due\"}} 3"),
+            &format!("ladder_scheduled_messages_total{{{ladder},tier=\"200ms\"}} 3"),
+            &format!("ladder_scheduled_messages_total{{{ladder},tier=\"10m\"}} 2"),
+            &format!("ladder_delivered_messages_total{{{ladder}}} 3"),
+            &format!("ladder_parked_messages_total{{{ladder},reason=\"destination-not-allowed\"}} 1"),
+            &format!("ladder_queue_messages{{{ladder},queue=\"delay.10m\"}} 2"),
+            &format!("ladder_queue_messages{{{ladder},queue=\"delay.200ms\"}} 0"),
+            &format!("ladder_queue_messages{{{ladder},queue=\"due\"}} 0"),
+            &format!("ladder_unaccounted_messages{{{ladder}}} 0"),
+        ])
+        .await;
+    assert!(
+        text.contains("ladder_lateness_seconds_count{ladder=\"default\"} 3"),
+        "{text}"
+    );
+    let r = admin.get("/metrics").await;
+    assert_eq!(r.content_type, admin::METRICS_CONTENT_TYPE);
+
+    let v = admin
+        .wait_ladders("the poller saw the retries, twice (for rates)", |v| {
+            let l = &v["ladders"][0];
+            l["depths"]["delay.10m"] == 2 && l["totals"]["delivered"] == 3 && !l["rates"].is_null()
+        })
+        .await;
+    assert!(v["broker_error"].is_null(), "{v:#}");
+    assert!(v["polled_at_ms"].as_u64().unwrap() > 0);
+    let l = &v["ladders"][0];
+    assert_eq!(l["name"], "default");
+    assert_eq!(l["exchange"], t.intake().as_str());
+    assert_eq!(l["tiers"][1]["name"], "10m");
+    assert_eq!(l["tiers"][1]["delay_ms"], 600_000);
+    assert_eq!(l["max_attempts"], 2);
+    assert_eq!(l["allow"][0], format!("^{}-", t.ns));
+    assert_eq!(l["queues"]["delay.10m"], format!("{}.delay.10m", t.intake()));
+    assert_eq!(l["depths"]["intake"], 0);
+    assert_eq!(l["totals"]["received_intake"], 6);
+    assert_eq!(l["totals"]["parked"], 1);
+    assert!(l["rates"]["window_ms"].as_u64().is_some(), "{l:#}");
+    admin
+        .wait_ladders("the accounting balances", |v| {
+            v["ladders"][0]["accounting"]["verdict"] == "balanced"
+        })
+        .await;
+    admin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_tier_is_reported_as_unaccounted() {
+    let mut t = TestLadder::configure_with("admin-lost", FAST_POLLS, LONG_ONLY).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.queue_name("orders");
+    for i in 0..3 {
+        t.publish(&t.intake(), "", format!("m{i}").as_bytes(), retry_props(&orders, None))
+            .await;
+    }
+    // the check must hold a reference that includes the three waiting messages
+    admin
+        .wait_ladders("the accounting anchored with 3 waiting", |v| {
+            let l = &v["ladders"][0];
+            l["depths"]["delay.10m"] == 3 && l["accounting"]["verdict"] == "balanced"
+        })
+        .await;
+
+    let tier = format!("{}.delay.10m", t.intake());
+    let purged = t.channel.queue_purge(&tier).await.unwrap();
+    assert_eq!(purged, 3);
+    let started = Instant::now();
+    admin
+        .wait_metrics(&[
+            "ladder_unaccounted_messages{ladder=\"default\"} 3",
+            "ladder_unaccounted_alarms_total{ladder=\"default\"} 1",
+        ])
+        .await;
+    eprintln!("flagged {:?} after the purge", started.elapsed());
+    let v = admin.ladders().await;
+    assert_eq!(v["ladders"][0]["accounting"]["verdict"], "unaccounted", "{v:#}");
+    assert_eq!(v["ladders"][0]["accounting"]["unaccounted"], 3);
+    admin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_shows_in_the_listing_and_nothing_else_breaks() {
+    let t = TestLadder::configure_with("admin-down", FAST_POLLS, LONG_ONLY).await;
+    let mut config = (*t.config).clone();
+    // a port nothing listens on: connecting fails at once
+    config.amqp.urls = vec![SecretUri::new("amqp://guest:guest@127.0.0.1:1/%2f")];
+    let admin = TestAdmin::start(Arc::new(config), t.state.clone()).await;
+    let v = admin
+        .wait_ladders("a failed poll", |v| !v["broker_error"].is_null())
+        .await;
+    assert!(v["ladders"][0]["depths"].is_null(), "{v:#}");
+    assert_eq!(v["ladders"][0]["name"], "default");
+    assert_eq!(admin.get("/live").await.status, 200);
+    assert_eq!(admin.get("/ready").await.status, 503);
+    assert_eq!(admin.get("/metrics").await.status, 200);
+    // it keeps polling, and stops on its token although it cannot connect
+    admin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_false_alarm_while_hundreds_of_retries_flow() {
+    const RETRIES: usize = 300;
+    let mut t = TestLadder::configure_with("admin-busy", FAST_POLLS, SHORT_AND_LONG).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    admin
+        .wait_ladders("the accounting anchored", |v| {
+            v["ladders"][0]["accounting"]["anchored"] == true
+        })
+        .await;
+
+    let publisher = {
+        let (channel, intake, orders) = (t.channel.clone(), t.intake(), orders.clone());
+        tokio::spawn(async move {
+            for i in 0..RETRIES {
+                let body = format!("m{i}");
+                publish(&channel, &intake, "", body.as_bytes(), retry_props(&orders, None)).await;
+            }
+        })
+    };
+    let mut verdicts = std::collections::BTreeSet::new();
+    for _ in 0..RETRIES {
+        let d = next(&mut consumer).await;
+        consumer.ack(&d);
+        let v = admin.ladders().await;
+        verdicts.insert(v["ladders"][0]["accounting"]["verdict"].as_str().unwrap().to_string());
+        assert_eq!(v["ladders"][0]["accounting"]["unaccounted"], 0, "{v:#}");
+    }
+    publisher.await.unwrap();
+    let v = admin
+        .wait_ladders("the accounting balances after the traffic", |v| {
+            v["ladders"][0]["accounting"]["verdict"] == "balanced"
+        })
+        .await;
+    assert_eq!(v["ladders"][0]["totals"]["delivered"], RETRIES);
+    assert!(
+        admin
+            .metrics()
+            .await
+            .contains("ladder_unaccounted_alarms_total{ladder=\"default\"} 0")
+    );
+    eprintln!("verdicts seen while busy: {verdicts:?}");
+    admin.stop().await;
+}

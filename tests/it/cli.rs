@@ -1,0 +1,280 @@
+//! The `ladder` binary as an operator runs it: `check`, `plan` and `apply` on a config in a
+//! temporary directory, their exit codes (0, 64 for a bad config, 69 for an unreachable
+//! broker), what they print, environment overrides, and that the AMQP password never shows.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::common::*;
+
+const LADDER: &str = r#"
+backoff = ["200ms", "500ms"]
+max_attempts = 2
+allow = ["^{ns}-"]
+"#;
+
+/// A secret that must never be printed; the broker refuses it, so `apply` cannot connect.
+const SECRET: &str = "wrongsecret123";
+
+/// Runs `ladder --config <config> <args…>` with `RUST_LOG=info` and `env` on top of a clean
+/// environment (no inherited `LADDER_*` overrides), bounded by [`WAIT`].
+async fn ladder(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut all = vec![("RUST_LOG", "info")];
+    all.extend_from_slice(env);
+    run_ladder(config, args, &all).await
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts the exit code, showing both streams when it is not the expected one.
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
+/// A valid config for a fresh namespace: `(tempdir, config path, namespace)`.
+fn valid_config(hint: &str) -> (tempfile::TempDir, PathBuf, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = unique_namespace(hint);
+    let path = write_config(dir.path(), &ns, "", "default", LADDER);
+    (dir, path, ns)
+}
+
+/// Deletes everything `config`'s plan declares when dropped, even if the test panicked.
+struct Cleanup {
+    queues: Vec<String>,
+    exchanges: Vec<String>,
+}
+
+impl Cleanup {
+    fn for_config(path: &Path) -> Self {
+        let config = ladder::config::load(path, &HashMap::new()).expect("test config is valid");
+        let (queues, exchanges) = declared_names(&config);
+        Cleanup { queues, exchanges }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (queues, exchanges) = (std::mem::take(&mut self.queues), std::mem::take(&mut self.exchanges));
+        delete_all_blocking(queues, exchanges);
+    }
+}
+
+#[tokio::test]
+async fn check_accepts_a_valid_config_and_prints_the_ladder() {
+    let (_dir, path, _ns) = valid_config("check");
+    let out = ladder(&path, &["check"], &[]).await;
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(text.contains("ok (1 ladders)"), "{text}");
+    assert!(
+        text.contains("default: tiers [200ms, 500ms], max_attempts 2, quorum at-least-once"),
+        "{text}"
+    );
+}
+
+/// Which file of the config a case rewrites.
+#[derive(Clone, Copy)]
+enum File {
+    Main,
+    Ladder,
+}
+
+/// One invalid config: a rewrite of the valid text of one file, and what stderr must say.
+struct Invalid {
+    case: &'static str,
+    file: File,
+    rewrite: fn(&str) -> String,
+    expected: &'static [&'static str],
+}
+
+#[tokio::test]
+async fn check_rejects_invalid_configs_with_64_naming_file_key_and_problem() {
+    let cases = [
+        Invalid {
+            case: "max_attempts = 0",
+            file: File::Ladder,
+            rewrite: |text| text.replace("max_attempts = 2", "max_attempts = 0"),
+            expected: &["max_attempts", "must be at least 1"],
+        },
+        Invalid {
+            case: "unknown ladder key",
+            file: File::Ladder,
+            rewrite: |text| format!("{text}max_atempts = 3\n"),
+            expected: &["max_atempts", "unknown field"],
+        },
+        Invalid {
+            case: "prefetch = 0",
+            file: File::Main,
+            rewrite: |text| text.replace("prefetch = 100", "prefetch = 0"),
+            expected: &["prefetch", "must be between 1 and 65535"],
+        },
+    ];
+    for Invalid {
+        case,
+        file,
+        rewrite,
+        expected,
+    } in cases
+    {
+        let (dir, path, _ns) = valid_config("invalid");
+        let file = match file {
+            File::Main => path.clone(),
+            File::Ladder => dir.path().join("ladders").join("default.toml"),
+        };
+        let valid = std::fs::read_to_string(&file).unwrap();
+        let invalid = rewrite(&valid);
+        assert_ne!(valid, invalid, "{case}: the rewrite changed nothing");
+        std::fs::write(&file, invalid).unwrap();
+
+        let out = ladder(&path, &["check"], &[]).await;
+        assert_exit(&out, 64);
+        let err = stderr(&out);
+        assert!(
+            err.contains(&file.display().to_string()),
+            "{case}: stderr does not name {}:\n{err}",
+            file.display()
+        );
+        for needle in expected {
+            assert!(err.contains(needle), "{case}: stderr lacks {needle:?}:\n{err}");
+        }
+        assert!(stdout(&out).is_empty(), "{case}: {}", stdout(&out));
+    }
+}
+
+#[tokio::test]
+async fn a_missing_config_file_exits_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.toml");
+    for command in ["check", "plan", "apply", "run"] {
+        let out = ladder(&missing, &[command], &[]).await;
+        assert_exit(&out, 64);
+        let err = stderr(&out);
+        assert!(
+            err.contains("nope.toml") && err.contains("not found"),
+            "{command}: {err}"
+        );
+    }
+}
+
+/// The contract lines `plan` must print for namespace `ns` and ladder `default`.
+fn contract(ns: &str) -> Vec<String> {
+    let n = format!("{ns}.default");
+    vec![
+        format!("exchange {n}.quarantine type=fanout durable"),
+        format!("queue    {n}.quarantine durable x-queue-type=quorum x-delivery-limit=-1"),
+        format!("binding  {n}.quarantine -> {n}.quarantine key=\"\""),
+        format!("exchange {n} type=fanout durable"),
+        format!(
+            "queue    {n}.intake durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
+        ),
+        format!("binding  {n} -> {n}.intake key=\"\""),
+        format!("exchange {n}.tiers type=direct durable"),
+        format!("exchange {n}.due type=fanout durable"),
+        format!(
+            "queue    {n}.due durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
+        ),
+        format!("binding  {n}.due -> {n}.due key=\"\""),
+        format!(
+            "queue    {n}.delay.200ms durable x-queue-type=quorum x-message-ttl=200 \
+             x-dead-letter-exchange={n}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
+        ),
+        format!("binding  {n}.tiers -> {n}.delay.200ms key=\"200ms\""),
+        format!(
+            "queue    {n}.delay.500ms durable x-queue-type=quorum x-message-ttl=500 \
+             x-dead-letter-exchange={n}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
+        ),
+        format!("binding  {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
+        format!("queue    {n}.parked durable x-queue-type=stream"),
+    ]
+}
+
+#[tokio::test]
+async fn plan_prints_the_contract_names() {
+    let (_dir, path, ns) = valid_config("plan");
+    let out = ladder(&path, &["plan"], &[]).await;
+    assert_exit(&out, 0);
+    let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    assert_eq!(lines, contract(&ns));
+}
+
+#[tokio::test]
+async fn environment_overrides_change_what_plan_prints() {
+    let (_dir, path, ns) = valid_config("env");
+    let other = unique_namespace("other");
+    let out = ladder(&path, &["plan"], &[("LADDER_NAMESPACE", &other)]).await;
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    assert_eq!(lines, contract(&other));
+    assert!(!text.contains(&ns), "the file's namespace still shows:\n{text}");
+}
+
+#[tokio::test]
+async fn apply_declares_the_topology_on_the_broker() {
+    let (_dir, path, ns) = valid_config("apply");
+    let _cleanup = Cleanup::for_config(&path);
+    let out = ladder(&path, &["apply"], &[]).await;
+    assert_exit(&out, 0);
+    assert!(stderr(&out).contains("topology declared"), "{}", stderr(&out));
+
+    let conn = connect().await;
+    for queue in [
+        format!("{ns}.default.intake"),
+        format!("{ns}.default.due"),
+        format!("{ns}.default.delay.200ms"),
+        format!("{ns}.default.delay.500ms"),
+        format!("{ns}.default.parked"),
+    ] {
+        // a failed passive declare closes its channel: one channel per queue
+        let ch = conn.create_channel().await.unwrap();
+        let declared = ch.queue_inspect(&queue).await;
+        assert!(declared.is_ok(), "{queue} was not declared: {declared:?}");
+        let _ = ch.close(200, "checked").await;
+    }
+    // applying again is idempotent
+    assert_exit(&ladder(&path, &["apply"], &[]).await, 0);
+    let _ = conn.close(200, "done").await;
+}
+
+#[tokio::test]
+async fn the_amqp_password_never_appears_in_any_output() {
+    let (_dir, path, _ns) = valid_config("secret");
+    let url = format!("amqp://guest:{SECRET}@127.0.0.1:5672/%2f");
+    let env = [("LADDER_AMQP__URL", url.as_str())];
+
+    let out = ladder(&path, &["apply"], &env).await;
+    assert_exit(&out, 69);
+    assert!(
+        stderr(&out).contains("guest:***@127.0.0.1"),
+        "the masked URL is not logged:\n{}",
+        stderr(&out)
+    );
+    let mut outputs = vec![("apply", out)];
+    for command in ["check", "plan"] {
+        let out = ladder(&path, &[command], &env).await;
+        assert_exit(&out, 0);
+        outputs.push((command, out));
+    }
+    for (command, out) in outputs {
+        for (stream, text) in [("stdout", stdout(&out)), ("stderr", stderr(&out))] {
+            assert!(
+                !text.contains(SECRET),
+                "{command} printed the password on {stream}:\n{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Traces across retries, recorded with the SDK's in-memory exporter while the service runs
+//! against the real broker: one trace per message, the wait as a span, the parking at the end.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::common::*;
+use ladder::broker::supervisor::State;
+use ladder::telemetry::Telemetry;
+use ladder_amqp::{BasicProperties, FieldTable, FieldValue};
+use opentelemetry::Value;
+use opentelemetry::trace::{SpanId, SpanKind, Status, TraceId};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+
+const THREE_TIERS: &str = "backoff = [\"200ms\", \"500ms\", \"1s\"]\nallow = [\"^{ns}-\"]\n";
+
+fn traced_state() -> (State, InMemorySpanExporter) {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let state = State {
+        telemetry: Telemetry::new(&provider),
+        ..State::default()
+    };
+    (state, exporter)
+}
+
+/// Waits until the exporter holds at least `count` spans of `trace`.
+async fn spans_of(exporter: &InMemorySpanExporter, trace: TraceId, count: usize) -> Vec<SpanData> {
+    eventually_ok(&format!("{count} spans are in"), WAIT, async || {
+        let spans: Vec<SpanData> = exporter
+            .get_finished_spans()
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.span_context.trace_id() == trace)
+            .collect();
+        if spans.len() >= count {
+            Ok(spans)
+        } else {
+            Err(format!("{} spans: {:?}", spans.len(), names(&spans)))
+        }
+    })
+    .await
+}
+
+fn names(spans: &[SpanData]) -> Vec<String> {
+    spans.iter().map(|s| s.name.to_string()).collect()
+}
+
+fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| &kv.value)
+}
+
+fn has(span: &SpanData, key: &str, value: impl Into<Value>) -> bool {
+    attr(span, key) == Some(&value.into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_failures_then_parked_is_one_trace_with_the_waits_in_it() {
+    let (state, exporter) = traced_state();
+    let mut t = TestLadder::start_with_state("trace", THREE_TIERS, state).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+
+    // the producer's own span: the whole life of the message must join its trace
+    let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+    let root = SpanId::from_hex("00f067aa0ba902b7").unwrap();
+    let mut headers = FieldTable::default();
+    headers.set(
+        "traceparent",
+        text("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    );
+    t.publish(
+        "",
+        &orders,
+        b"traced",
+        BasicProperties::default().with_message_id("t-1").with_headers(headers),
+    )
+    .await;
+
+    for _ in 0..4 {
+        let d = next(&mut consumer).await;
+        t.publish(
+            &t.intake(),
+            "",
+            &d.body,
+            republish_props(&d, &[("retry-to", text(&orders))]),
+        )
+        .await;
+        consumer.ack(&d);
+    }
+    t.parked(1).await;
+
+    // 3 rounds of (intake process, send to tiers, wait, due process, send to orders) + the last
+    // intake process and its send to the parking lot
+    let spans = spans_of(&exporter, trace_id, 17).await;
+    assert_eq!(spans.len(), 17, "{:?}", names(&spans));
+    let by_id: HashMap<SpanId, &SpanData> = spans.iter().map(|s| (s.span_context.span_id(), s)).collect();
+    let parent = |s: &SpanData| by_id.get(&s.parent_span_id).copied();
+
+    let intake = format!("process {}.default.intake", t.ns);
+    let mut intakes: Vec<&SpanData> = spans.iter().filter(|s| s.name == intake).collect();
+    intakes.sort_by_key(|s| s.start_time);
+    assert_eq!(intakes.len(), 4);
+    assert_eq!(
+        intakes[0].parent_span_id, root,
+        "the first failure continues the producer's trace"
+    );
+
+    for (round, process) in intakes.iter().enumerate() {
+        assert_eq!(process.span_kind, SpanKind::Consumer);
+        assert!(has(process, "messaging.system", "rabbitmq"));
+        assert!(has(process, "messaging.operation.name", "process"));
+        assert!(has(process, "messaging.message.id", "t-1"));
+        assert!(has(process, "ladder.name", "default"));
+        assert!(has(process, "ladder.destination", orders.clone()));
+        if round > 0 {
+            // the consumer republished what the due hop sent it: parent is that send span
+            let send = parent(process).expect("parent recorded");
+            assert_eq!(send.name, format!("send {orders}"));
+            assert_eq!(send.span_kind, SpanKind::Producer);
+        }
+        let child = |name: &str| {
+            spans
+                .iter()
+                .find(|s| s.parent_span_id == process.span_context.span_id() && s.name == name)
+        };
+        if round == 3 {
+            let park = child(&format!("send {}", t.parked_stream())).expect("send to the parking lot");
+            assert_eq!(park.span_kind, SpanKind::Producer);
+            assert!(has(process, "ladder.parked.reason", "max-attempts"));
+            assert!(has(process, "error.type", "max-attempts"));
+            assert!(matches!(process.status, Status::Error { .. }));
+            continue;
+        }
+        let tier = ["200ms", "500ms", "1s"][round];
+        assert!(has(process, "ladder.attempt", round as i64 + 1));
+        assert!(has(process, "ladder.tier", tier));
+        let send = child(&format!("send {}.default.tiers", t.ns)).expect("send to the tiers");
+        assert!(has(send, "messaging.rabbitmq.destination.routing_key", tier));
+        let wait = spans
+            .iter()
+            .find(|s| s.parent_span_id == send.span_context.span_id())
+            .expect("a wait span under the send");
+        assert_eq!(wait.name, format!("wait {}.default.delay.{tier}", t.ns));
+        let waited = wait.end_time.duration_since(wait.start_time).unwrap();
+        let delay = humantime::parse_duration(tier).unwrap();
+        assert!(
+            waited >= delay && waited < delay + Duration::from_millis(1_500),
+            "{tier}: waited {waited:?}"
+        );
+        let due = spans
+            .iter()
+            .find(|s| s.parent_span_id == wait.span_context.span_id())
+            .expect("due process");
+        assert_eq!(due.name, format!("process {}.default.due", t.ns));
+        let deliver = spans
+            .iter()
+            .find(|s| s.parent_span_id == due.span_context.span_id())
+            .expect("send to the destination");
+        assert_eq!(deliver.name, format!("send {orders}"));
+        assert!(has(deliver, "messaging.destination.name", orders.clone()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_trace_context_starts_a_new_trace() {
+    let (state, exporter) = traced_state();
+    let mut t = TestLadder::start_with_state("newroot", THREE_TIERS, state).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let mut headers = FieldTable::default();
+    headers.set("retry-to", text(&orders));
+    t.publish(
+        &t.intake(),
+        "",
+        b"untraced",
+        BasicProperties::default().with_headers(headers),
+    )
+    .await;
+    let d = next(&mut consumer).await;
+
+    let traceparent = headers_of(&d).get("traceparent").and_then(|v| match v {
+        FieldValue::LongString(s) => Some(String::from_utf8(s.as_bytes().to_vec()).unwrap()),
+        _ => None,
+    });
+    let traceparent = traceparent.expect("the redelivery carries a long-string traceparent");
+    let trace_id = TraceId::from_hex(traceparent.split('-').nth(1).unwrap()).unwrap();
+    let spans = spans_of(&exporter, trace_id, 5).await;
+    let intake = spans
+        .iter()
+        .find(|s| s.name.starts_with("process") && s.name.ends_with(".intake"))
+        .unwrap();
+    assert_eq!(intake.parent_span_id, SpanId::INVALID, "a new root");
+    assert!(spans.iter().any(|s| s.name.starts_with("wait ")));
+}
