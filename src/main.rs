@@ -67,24 +67,27 @@ fn main() -> ExitCode {
         Command::Completions { .. } | Command::Man { .. } => unreachable!("answered before the config is read"),
         // decoding, printing and dropping a record whose headers nest deeply recurse once per
         // level, on the thread that drives the command: give it the service's stack
-        Command::Parked(args) => match on_deep_stack(|| runtime().block_on(cli::parked::parked(&config, *args, &env))) {
-            Ok(code) => code,
-            Err(e) => {
-                eprintln!("ladder: {e:#}");
-                ExitCode::from(
-                    match e
-                        .downcast_ref::<parking::ParkingError>()
-                        .map(parking::ParkingError::kind)
-                    {
-                        Some(parking::ErrorKind::Unavailable) => exit::UNAVAILABLE,
-                        Some(parking::ErrorKind::Caller) => exit::CONFIG,
-                        Some(parking::ErrorKind::Conflict) => exit::BUSY,
-                        Some(parking::ErrorKind::Missing | parking::ErrorKind::Internal) | None => exit::FAILED,
-                    },
-                )
-            }
-        },
+        Command::Parked(args) => {
+            on_deep_stack(|| runtime().block_on(cli::parked::parked(&config, *args, &env))).unwrap_or_else(failed)
+        }
+        Command::Scheduled(args) => runtime().block_on(cli::scheduled::scheduled(&config, args)).unwrap_or_else(failed),
     }
+}
+
+/// The exit code for an operator command that failed, after saying why.
+fn failed(e: anyhow::Error) -> ExitCode {
+    eprintln!("ladder: {e:#}");
+    ExitCode::from(
+        match e
+            .downcast_ref::<parking::ParkingError>()
+            .map(parking::ParkingError::kind)
+        {
+            Some(parking::ErrorKind::Unavailable) => exit::UNAVAILABLE,
+            Some(parking::ErrorKind::Caller) => exit::CONFIG,
+            Some(parking::ErrorKind::Conflict) => exit::BUSY,
+            Some(parking::ErrorKind::Missing | parking::ErrorKind::Internal) | None => exit::FAILED,
+        },
+    )
 }
 
 /// Runs `work` on a thread with [`ladder::DEEP_STACK_BYTES`] of stack, as the runtime's worker

@@ -8,6 +8,7 @@
 //! - `POST /api/ladders/{ladder}/parked/replay` — replay by offsets and/or a filter;
 //! - `POST /api/ladders/{ladder}/parked/discard` — discard by offsets and/or a filter;
 //! - `GET  /api/ladders/{ladder}/parked/jobs[/{id}]` — replays and discards running or ended;
+//! - `POST /api/ladders/{ladder}/scheduled/cancel` — cancel a scheduled delivery by message id;
 //! - `GET  /api/openapi.json` — this API described (OpenAPI 3, [`crate::admin::openapi`]).
 //!
 //! Every error under `/api` is `{"error": "..."}` JSON: the handlers' own, the extractors'
@@ -16,7 +17,7 @@
 //! the route does not take 405), which [`json_errors`] rewrites.
 //!
 //! Reading is open to whoever reaches the admin server (it binds to loopback by default);
-//! replay and discard need `Authorization: Bearer <token>` with a token from `admin.tokens`, and
+//! replay, discard and cancel need `Authorization: Bearer <token>` with a token from `admin.tokens`, and
 //! the token's name is who asked, in the log and the resolution record. The query parsing and
 //! the token check here are shared with the web page ([`crate::admin::web`]).
 
@@ -621,6 +622,43 @@ pub(crate) async fn discard(
     let filter = request.filter()?;
     let job = state.desk.discard(&ladder, filter, by)?;
     job_response(&state, &job, wait).await
+}
+
+/// `POST …/scheduled/cancel`: which message id.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CancelRequest {
+    message_id: String,
+}
+
+/// A recorded cancellation, as the API answers it.
+#[derive(Serialize)]
+pub(crate) struct CancelAnswer {
+    ladder: String,
+    message_id: String,
+    by: String,
+    at_ms: u64,
+    until_ms: u64,
+}
+
+/// Cancels a scheduled delivery by message id, for every replica: a message with that id is
+/// parked as `cancelled` when it is next handled instead of delivered. Answered once the broker
+/// confirmed the record.
+pub(crate) async fn cancel(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<CancelRequest>,
+) -> Result<Json<CancelAnswer>, ApiError> {
+    let by = caller(&state, &headers, &ladder, "cancel")?;
+    let record = state.desk.cancel(&ladder, &request.message_id, &by).await?;
+    Ok(Json(CancelAnswer {
+        ladder,
+        message_id: record.message_id,
+        by: record.by,
+        at_ms: record.at_ms,
+        until_ms: record.until_ms,
+    }))
 }
 
 #[cfg(test)]

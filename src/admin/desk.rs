@@ -26,6 +26,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::broker::lot::{ActIndex, ErrorKind, Outcome, Page, PageRequest, ParkingError, ParkingLot, ReplayOptions};
 use crate::broker::supervisor as service;
 use crate::config::Config;
+use crate::model::cancels::Cancellation;
 use crate::model::ladder::LadderSpec;
 use crate::model::lot::filter::Filter;
 use crate::model::lot::index::{Counts, SharedIndex};
@@ -315,6 +316,20 @@ impl Desk {
     pub fn stream(&self, ladder: &str) -> Result<String, ParkingError> {
         let lot = self.lot(ladder)?;
         Ok(crate::model::names::Names::new(&self.config.namespace, &lot.spec.name).parked)
+    }
+
+    /// Cancels the scheduled delivery (or retry) with `message_id` in `ladder`, for every replica:
+    /// the record is in the ladder's cancellation stream once this returns.
+    pub async fn cancel(&self, ladder: &str, message_id: &str, by: &str) -> Result<Cancellation, ParkingError> {
+        let lot = self.lot(ladder)?;
+        if !lot.spec.exact_delays {
+            return Err(ParkingError::Invalid(format!(
+                "ladder {ladder} has exact_delays = false: it schedules nothing to cancel"
+            )));
+        }
+        let names = crate::model::names::Names::new(&self.config.namespace, &lot.spec.name);
+        let connection = self.connection().await?;
+        Ok(crate::broker::cancels::cancel(&connection, &names, message_id, by).await?)
     }
 
     /// How far `ladder`'s index is, and what it holds.

@@ -150,6 +150,51 @@ fn paths() -> Value {
             "discardParked",
             "mark the selected unresolved entries as discarded, as a job",
         )},
+        "/api/ladders/{ladder}/scheduled/cancel": {"post": {
+            "operationId": "cancelScheduled",
+            "summary": "cancel a scheduled delivery by message id, for every replica",
+            "description": "Records the cancellation in the ladder's stream `N.L.cancels`: a message with this \
+                id that is still waiting is parked as `cancelled` when it is next handled (at the latest \
+                when due) instead of delivered. Answered once the broker confirmed the record. The ladder \
+                must have exact_delays.",
+            "security": [{"token": []}],
+            "parameters": [{"$ref": "#/components/parameters/ladder"}],
+            "requestBody": {
+                "required": true,
+                "content": {"application/json": {"schema": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["message_id"],
+                    "properties": {"message_id": {"type": "string", "minLength": 1, "maxLength": 255}},
+                }}},
+            },
+            "responses": {
+                "200": {"description": "the cancellation is recorded", "content": {"application/json": {"schema": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["ladder", "message_id", "by", "at_ms", "until_ms"],
+                    "properties": {
+                        "ladder": {"type": "string"},
+                        "message_id": {"type": "string"},
+                        "by": {"type": "string"},
+                        "at_ms": count(),
+                        "until_ms": count(),
+                    },
+                }}}},
+                "400": {"$ref": "#/components/responses/BadRequest"},
+                "401": {
+                    "description": "no bearer token",
+                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                },
+                "403": error("the token matches none in admin.tokens (or none is configured)"),
+                "404": {"$ref": "#/components/responses/NotFound"},
+                "413": error("the body is too large"),
+                "415": error("the body is not Content-Type: application/json"),
+                "500": {"$ref": "#/components/responses/Internal"},
+                "503": {"$ref": "#/components/responses/Unavailable"},
+            },
+        }},
         "/api/ladders/{ladder}/parked/jobs": {"get": {
             "operationId": "listJobs",
             "summary": "this server's replays and discards of the ladder, newest first (running, and the last 64 ended)",
@@ -491,6 +536,16 @@ fn schemas() -> Value {
             "allow": {"type": "array", "items": {"type": "string"}},
             "queue_type": {"type": "string", "enum": ["quorum", "classic"]},
             "dead_letter_strategy": {"type": "string", "enum": ["at-least-once", "at-most-once"]},
+            "senders": {
+                "type": "object",
+                "description": "each sender (a broker user name) and the destination patterns it may target; only for a ladder that lists its senders",
+                "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            },
+            "unidentified": {
+                "type": "string",
+                "enum": ["reject", "dead-letter"],
+                "description": "what a message from no listed sender may do; only with senders",
+            },
             "queues": {"type": "object", "additionalProperties": {"type": "string"}},
             "depths": nullable(json!({"type": "object", "additionalProperties": nullable(count())})),
             "rates": nullable(object(json!({
@@ -521,7 +576,7 @@ fn schemas() -> Value {
                 "missing": nullable(json!({"type": "integer"})),
                 "unaccounted": count(),
             }), &[])),
-        }), &[]),
+        }), &["senders", "unidentified"]),
     });
     if let (Some(all), Value::Object(more)) = (schemas.as_object_mut(), more) {
         all.extend(more);

@@ -32,9 +32,11 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/api/ladders/{ladder}/parked/jobs/{id}", get(api::job))
         .route("/api/ladders/{ladder}/parked/{offset}", get(api::show))
         .route("/api/ladders/{ladder}/parked/{offset}/body", get(api::body))
+        .route("/api/ladders/{ladder}/scheduled/cancel", post(api::cancel))
         .route("/", get(web::overview))
         .route("/ladders/{ladder}/parked", get(web::list))
         .route("/ladders/{ladder}/jobs/{id}", get(web::job_page))
+        .route("/ladders/{ladder}/scheduled/cancel", post(web::cancel_scheduled))
         .route("/ladders/{ladder}/parked/{offset}", get(web::entry))
         .route(
             "/ladders/{ladder}/parked/{offset}/{action}",
@@ -102,15 +104,19 @@ mod tests {
         publish: watch::Sender<Option<Arc<Snapshot>>>,
     }
 
+    /// The ladder `orders` of [`fixture`].
+    const ORDERS: &str = "backoff = [\"1s\", \"10s\"]\nmax_attempts = 4\nallow = [\"^orders$\", \"^billing\\\\.\"]\n";
+
     fn fixture() -> Fixture {
+        fixture_with(ORDERS)
+    }
+
+    /// A config whose one ladder, `orders`, is `ladder_toml`.
+    fn fixture_with(ladder_toml: &str) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ladder.toml"), "namespace = \"ns\"\n").unwrap();
         std::fs::create_dir(dir.path().join("ladders")).unwrap();
-        std::fs::write(
-            dir.path().join("ladders/orders.toml"),
-            "backoff = [\"1s\", \"10s\"]\nmax_attempts = 4\nallow = [\"^orders$\", \"^billing\\\\.\"]\n",
-        )
-        .unwrap();
+        std::fs::write(dir.path().join("ladders/orders.toml"), ladder_toml).unwrap();
         let config = crate::config::load(&dir.path().join("ladder.toml"), &HashMap::new()).unwrap();
         let (publish, snapshots) = watch::channel(None);
         let state = Arc::new(AdminState::new(Arc::new(config), Arc::new(State::default()), snapshots));
@@ -199,6 +205,28 @@ mod tests {
         assert_eq!(l["queues"]["intake"], "ns.orders.intake");
         assert_eq!(l["queues"]["delay.10s"], "ns.orders.delay.10s");
         assert!(l["depths"].is_null() && l["rates"].is_null() && l["accounting"].is_null());
+        // no senders listed: neither key, rather than an empty grant list that reads as "nobody"
+        assert!(l.get("senders").is_none() && l.get("unidentified").is_none(), "{l}");
+
+        // a ladder that lists its senders shows each one's patterns and the policy for the rest
+        let f = fixture_with(&format!(
+            "{ORDERS}unidentified = \"dead-letter\"\n[senders]\nbilling-svc = [\"^billing\\\\.\"]\norders-svc = [\"^orders$\", \"^orders-eu$\"]\n"
+        ));
+        let v: serde_json::Value = serde_json::from_str(&get(&f.state, "/api/ladders").await.2).unwrap();
+        let l = &v["ladders"][0];
+        assert_eq!(
+            l["senders"],
+            serde_json::json!({"billing-svc": ["^billing\\."], "orders-svc": ["^orders$", "^orders-eu$"]})
+        );
+        assert_eq!(l["unidentified"], "dead-letter");
+        // and stays within what the OpenAPI description says of a ladder
+        let schema = &crate::admin::openapi::description(&["orders"])["components"]["schemas"]["Ladder"];
+        for key in l.as_object().unwrap().keys() {
+            assert!(schema["properties"].get(key).is_some(), "{key} is not described");
+        }
+        for key in schema["required"].as_array().unwrap() {
+            assert!(l.get(key.as_str().unwrap()).is_some(), "{key} is required");
+        }
     }
 
     #[tokio::test]

@@ -60,6 +60,14 @@ pub(crate) struct LadderView {
     pub(crate) allow: Vec<String>,
     pub(crate) queue_type: &'static str,
     pub(crate) dead_letter_strategy: &'static str,
+    /// Each sender (a broker user name) and the destination patterns it may target; absent for
+    /// a ladder that does not list its senders.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) senders: Option<BTreeMap<String, Vec<String>>>,
+    /// What a message from no listed sender may do (`reject`, `dead-letter`); absent with
+    /// `senders`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) unidentified: Option<&'static str>,
     /// Queue name per role (`intake`, `due`, `parked`, `delay.<tier>`).
     pub(crate) queues: BTreeMap<String, String>,
     /// Message count per role from the latest poll (`null` for a missing queue); `null` before
@@ -106,6 +114,13 @@ impl LaddersView {
                     allow: spec.allow.patterns().to_vec(),
                     queue_type: spec.queue_type.as_str(),
                     dead_letter_strategy: spec.dead_letter_strategy.as_str(),
+                    senders: spec.senders.as_ref().map(|s| {
+                        s.grants
+                            .iter()
+                            .map(|(user, allowed)| (user.clone(), allowed.patterns().to_vec()))
+                            .collect()
+                    }),
+                    unidentified: spec.senders.as_ref().map(|s| s.unidentified.as_str()),
                     queues: names.queues(spec).into_iter().collect(),
                     depths: polled
                         .and_then(|l| l.depths.as_ref())

@@ -131,8 +131,13 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                 tr data-ladder=(l.name) {
                     td { b { (l.name) } br; code { (l.exchange) } br; "max attempts " (l.max_attempts) }
                     td {
-                        @for t in &l.tiers {
+                        @for t in l.tiers.iter().filter(|t| t.step) {
                             (t.name) ": " (depth(l, &format!("delay.{}", t.name))) br;
+                        }
+                        @let levels: Vec<_> = l.tiers.iter().filter(|t| !t.step).collect();
+                        @if !levels.is_empty() {
+                            @let waiting: Option<u64> = levels.iter().map(|t| l.depths.as_ref().and_then(|d| d.get(&format!("delay.{}", t.name)).copied().flatten())).sum();
+                            span .levels { (levels.len()) " delay levels: " (waiting.map_or("?".to_string(), |n| n.to_string())) }
                         }
                     }
                     td { (depth(l, "intake")) " / " (depth(l, "due")) }
@@ -161,8 +166,43 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                 }
             }
         }
+        @for l in view.ladders.iter().filter(|l| l.tiers.iter().any(|t| !t.step)) {
+            form .cancel method="post" action={ "/ladders/" (l.name) "/scheduled/cancel" } {
+                "Cancel a scheduled delivery of " b { (l.name) } " by message id: "
+                label { "Message id " input type="text" name="message_id" maxlength="255" required; } " "
+                (token_field()) " "
+                button type="submit" { "Cancel it" }
+            }
+        }
     };
     page("Ladders", body)
+}
+
+/// The overview's cancel form: records the cancellation for every replica, then says so.
+pub(crate) async fn cancel_scheduled(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path(ladder): Path<String>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, "cancel") {
+        Ok(by) => by,
+        Err(why) => return refused(why, "/"),
+    };
+    let message_id = take(&mut pairs, "message_id").unwrap_or_default();
+    match state.desk.cancel(&ladder, &message_id, &by).await {
+        Ok(record) => {
+            let body = html! {
+                p #outcome {
+                    "Cancelled " code { (record.message_id) } " in ladder " (ladder) " by " (record.by)
+                    ": a message with this id still waiting is parked as " code { "cancelled" }
+                    " instead of delivered (the cancellation holds until " (format_time(record.until_ms)) ")."
+                }
+                p { a #back href="/" { "Back to the ladders" } }
+            };
+            page("Cancelled", body).into_response()
+        }
+        Err(e) => parking_error(&e),
+    }
 }
 
 fn filter_form(ladder: &str, pairs: &[(String, String)]) -> Markup {

@@ -14,10 +14,12 @@ pub mod docs;
 pub mod log;
 pub mod parked;
 pub mod probe;
+pub mod scheduled;
 pub mod serve;
 
 pub use demo::DemoArgs;
 pub use parked::ParkedArgs;
+pub use scheduled::ScheduledArgs;
 
 /// The config file when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "ladder.toml";
@@ -59,6 +61,8 @@ pub enum Command {
     Apply,
     /// Inspect, search, replay and discard parked messages.
     Parked(Box<ParkedArgs>),
+    /// Cancel scheduled deliveries by message id.
+    Scheduled(ScheduledArgs),
     /// Send one failure through a ladder by hand and watch it come back.
     Demo(DemoArgs),
     /// Ask the admin server at admin.bind for /ready: exit 0 on 200, else 1 with the reason.
@@ -89,6 +93,19 @@ fn parse_broker_version(text: &str) -> Result<topology::BrokerVersion, String> {
     }
 }
 
+
+/// The ladder a command acts on: the one named, or the only one.
+pub fn choose_ladder<'c>(config: &'c Config, name: Option<&str>) -> anyhow::Result<&'c ladder::model::ladder::LadderSpec> {
+    use anyhow::Context as _;
+    match (name, config.ladders.as_slice()) {
+        (Some(name), ladders) => ladders
+            .iter()
+            .find(|l| l.name == name)
+            .with_context(|| format!("no ladder {name:?} in {}", config.file.display())),
+        (None, [only]) => Ok(only),
+        (None, _) => anyhow::bail!("the config has several ladders; choose one with --ladder"),
+    }
+}
 
 /// `ladder check`: the config loaded; say what it holds.
 pub fn check(config: &Config) -> ExitCode {

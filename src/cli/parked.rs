@@ -251,14 +251,7 @@ impl ParkedCommand {
 /// `ladder parked …`: resolve the ladder, pick who answers (a service's API or the stream),
 /// say which on stderr, run the command there.
 pub async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>) -> anyhow::Result<ExitCode> {
-    let spec = match (&args.ladder, config.ladders.as_slice()) {
-        (Some(name), ladders) => ladders
-            .iter()
-            .find(|l| &l.name == name)
-            .with_context(|| format!("no ladder {name:?} in {}", config.file.display()))?,
-        (None, [only]) => only,
-        (None, _) => anyhow::bail!("the config has several ladders; choose one with --ladder"),
-    };
+    let spec = super::choose_ladder(config, args.ladder.as_deref())?;
     let stream = ladder::model::names::Names::new(&config.namespace, &spec.name).parked;
     let token = args.token.as_deref().map(str::trim).filter(|t| !t.is_empty());
     let why_not = if args.stream {

@@ -489,6 +489,10 @@ impl HopContext<'_> {
             return park(ParkReason::Cancelled, cancelled_detail(props), queue);
         }
         let mut out = republished_headers(h);
+        // the request is answered by `retry-due-at`: a delivered message that fails later and
+        // comes back as received is a retry, not another scheduled delivery
+        out.remove(header::X_DELAY);
+        out.remove(header::DELAY_UNTIL);
         move_user_id(props, &mut out);
         out.set(header::RETRY_SCHEDULED, FieldValue::Boolean(true));
         out.set(header::RETRY_LADDER, long_string(&self.spec.name));
@@ -1559,12 +1563,13 @@ mod tests {
         assert_eq!(header(p, "retry-due-at"), Some(&FieldValue::LongLongInt(NOW as i64 + 5_000)));
         assert_eq!(header(p, "retry-scheduled"), Some(&FieldValue::Boolean(true)));
         assert_eq!(header(p, "retry-attempt"), None, "not a failure");
-        // due: delivered once, as published (x-delay kept, the ladder's bookkeeping gone)
+        assert_eq!(header(p, "x-delay"), None, "answered: a later failure is a retry");
+        // due: delivered once, as published (the request and the ladder's bookkeeping gone)
         let out = forward(f.ctx().due(&out.properties, NOW + 5_001));
         assert_eq!(out.kind, ForwardKind::Deliver);
         assert_eq!(out.routing_key, "orders");
         let p = &out.properties;
-        assert_eq!(header(p, "x-delay"), Some(&FieldValue::LongInt(5_000)));
+        assert_eq!(header(p, "x-delay"), None);
         for gone in ["retry-scheduled", "retry-due-at", "retry-tier", "retry-ladder"] {
             assert_eq!(header(p, gone), None, "{gone}");
         }

@@ -170,6 +170,15 @@ impl TestLadder {
         wait_until("service ready", || self.state.health.is_ready()).await;
     }
 
+    /// Ends the service at once, as a crash would: no drain, its deliveries unacked (the broker
+    /// requeues them when the connection dies with the task).
+    pub fn abort_service(&mut self) {
+        if let Some((token, handle)) = self.service.take() {
+            handle.abort();
+            drop(token);
+        }
+    }
+
     /// Stops the service as SIGTERM would and waits for its drain.
     pub async fn stop_service(&mut self) {
         if let Some((token, handle)) = self.service.take() {

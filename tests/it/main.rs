@@ -23,5 +23,6 @@ mod parking;
 mod parking_http;
 mod regressions;
 mod retry;
+mod scheduled;
 mod security;
 mod traces;

@@ -25,9 +25,24 @@ pub fn format_time(ms: u64) -> String {
 }
 
 /// Whether `c` is a control character (C0, DEL or C1: `\u{9b}` is a one-byte CSI to some
-/// terminals) or a bidirectional override, which reorders what follows it.
+/// terminals), a bidirectional control (embeddings, overrides, isolates and marks, which
+/// reorder or hide what follows them) or another invisible format character a terminal may act
+/// on or a reader cannot see (zero-width characters, the soft hyphen, the line and paragraph
+/// separators, the byte order mark, interlinear annotations, tag characters).
 fn hidden(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control()
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{61c}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{e0000}'..='\u{e007f}'
+        )
 }
 
 /// `text` with every control character (and every bidirectional override, which reorders what
@@ -260,10 +275,10 @@ pub const MAX_JSON_INDENT: usize = 32;
 
 /// `value` as indented JSON, as `serde_json::to_string_pretty` writes it up to
 /// [`MAX_JSON_INDENT`] levels; deeper levels are not indented further. Strings are escaped as
-/// serde_json escapes them, and DEL, the C1 controls and the bidirectional overrides also as
-/// `\uXXXX` (serde_json writes those raw), so the JSON printed to a terminal is as inert as the
-/// tables; it parses to the same values. A header may nest tens of
-/// thousands of levels, and indenting each by its depth would make the text quadratic in it
+/// serde_json escapes them, and DEL, the C1 controls, the bidirectional controls and the other
+/// invisible format characters also as `\uXXXX` (serde_json writes those raw), so the JSON
+/// printed to a terminal is as inert as the tables; it parses to the same values. A header may
+/// nest tens of thousands of levels, and indenting each by its depth would make the text quadratic in it
 /// (gigabytes for 24 000 levels).
 pub fn pretty_json<T: Serialize + ?Sized>(value: &T) -> Result<String, serde_json::Error> {
     let mut out = Vec::with_capacity(256);
@@ -319,7 +334,10 @@ impl serde_json::ser::Formatter for CappedIndent {
         let mut start = 0;
         for (i, c) in fragment.char_indices().filter(|(_, c)| hidden(*c)) {
             writer.write_all(&fragment.as_bytes()[start..i])?;
-            write!(writer, "\\u{:04x}", c as u32)?;
+            // a tag character is outside the BMP: JSON spells it as a surrogate pair
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                write!(writer, "\\u{unit:04x}")?;
+            }
             start = i + c.len_utf8();
         }
         writer.write_all(&fragment.as_bytes()[start..])
@@ -642,6 +660,16 @@ mod tests {
             "{\n  \"k\\u009b\": \"a\\u001b[2J\\u007f\\u009b2J\\u202ex\\u2066ü\"\n}"
         );
         assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap(), value);
+        // bidirectional marks, zero-width and other invisible format characters too; a tag
+        // character (outside the BMP) as its surrogate pair
+        let value = serde_json::json!(["\u{61c}\u{200e}\u{200f}\u{200b}\u{feff}\u{ad}\u{2028}\u{e0041}é✓"]);
+        let json = pretty_json(&value).unwrap();
+        assert_eq!(
+            json,
+            "[\n  \"\\u061c\\u200e\\u200f\\u200b\\ufeff\\u00ad\\u2028\\udb40\\udc41é✓\"\n]"
+        );
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap(), value);
+        assert!(!printable("\u{61c}\u{200f}\u{e0041}").chars().any(hidden));
     }
 
     #[test]
