@@ -1147,6 +1147,56 @@ async fn escape_sequences_from_a_message_never_reach_the_operators_terminal() {
     let _ = client.close(200, "done").await;
 }
 
+/// Every string value in `value`, at any depth.
+fn strings(value: &serde_json::Value) -> Vec<&str> {
+    match value {
+        serde_json::Value::String(s) => vec![s.as_str()],
+        serde_json::Value::Array(items) => items.iter().flat_map(strings).collect(),
+        serde_json::Value::Object(map) => map.values().flat_map(strings).collect(),
+        _ => vec![],
+    }
+}
+
+/// The CLI's JSON (`parked list --json`, `show --json`) escapes what serde_json leaves raw —
+/// the C1 CSI, bidirectional controls and marks, zero-width characters — as `\uXXXX`, so the
+/// text holds none of them, and still parses back to the exact message id.
+#[tokio::test]
+async fn json_output_escapes_c1_and_bidi_controls_yet_parses_back_to_the_same_id() {
+    let t = TestLadder::start("inert-json", "backoff = [\"200ms\"]\nallow = [\"^{ns}-\"]\n").await;
+    let id = format!("id{ATTACK_C1}\u{200f}\u{61c}\u{2066}\u{200b}\u{85}end");
+    // no destination: parked as soon as the intake reads it
+    let props = BasicProperties::default().with_message_id(&id);
+    t.publish(&t.intake(), "", b"body", props).await;
+    t.parked(1).await;
+    let listed = ladder_output(&t.config_path(), &["parked", "list", "--json"], &[]).await;
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let listed = String::from_utf8(listed.stdout).expect("JSON is UTF-8");
+    let page: serde_json::Value = serde_json::from_str(&listed).expect("list --json is JSON");
+    let offset = page["entries"][0]["offset"].to_string();
+    let shown = ladder_output(&t.config_path(), &["parked", "show", &offset, "--json"], &[]).await;
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    let shown = String::from_utf8(shown.stdout).expect("JSON is UTF-8");
+    for (command, text) in [("list --json", &listed), ("show --json", &shown)] {
+        let raw: Vec<char> = text
+            .chars()
+            .filter(|c| {
+                (c.is_control() && *c != '\n')
+                    || matches!(c, '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            })
+            .collect();
+        assert!(raw.is_empty(), "`ladder parked {command}` holds {raw:?}:\n{text}");
+        assert!(
+            text.contains("id\\u009b2J\\u202edesrever\\u200f\\u061c\\u2066\\u200b\\u0085end"),
+            "{text}"
+        );
+        let value: serde_json::Value = serde_json::from_str(text).expect("the escaped JSON parses");
+        assert!(
+            strings(&value).contains(&id.as_str()),
+            "`{command}` does not parse back to {id:?}:\n{text}"
+        );
+    }
+}
+
 /// Every kind of page the web UI serves — overview, parked list, one entry, a confirmation form
 /// — loads in headless Chromium without a Content-Security-Policy violation: the policy's hash
 /// is the one of the stylesheet the browser sees, and the pages need nothing the policy
