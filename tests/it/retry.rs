@@ -359,3 +359,33 @@ async fn parked_records_carry_the_attempt_history_and_replay_lineage() {
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
     assert!(times[3] >= first.parked_at_ms, "{times:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jitter_spreads_retries_that_failed_together_and_waits_each_exactly() {
+    let ladder = "exact_delays = true\njitter = \"50%\"\nbackoff = [\"2s\"]\nallow = [\"^{ns}-\"]";
+    let mut t = TestLadder::start("jitter", ladder).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let n = 30;
+    let failed_at = Instant::now();
+    for i in 0..n {
+        let props = retry_props(&orders, None).with_message_id(&format!("j{i}"));
+        t.publish(&t.intake(), "", b"j", props).await;
+    }
+    let got = receive_timed(&mut consumer, n).await;
+    let mut waits = Vec::new();
+    for (at, d) in &got {
+        // each waits its own draw of 2 s ± 50 %, exactly: due − first failure is the draw
+        let due = int_header(d, "retry-due-at").expect("retry-due-at");
+        let first = int_header(d, "retry-first-failed-at").expect("retry-first-failed-at");
+        let drawn = (due - first) as u64;
+        assert!((1_000..=3_000).contains(&drawn), "{drawn} ms is outside 2 s ± 50 %");
+        let waited = at.duration_since(failed_at);
+        assert!(waited + Duration::from_millis(50) >= Duration::from_millis(drawn), "{waited:?} < {drawn} ms");
+        waits.push(drawn);
+    }
+    waits.sort();
+    // 30 uniform draws over 2 s: spread over far more than a few ms
+    assert!(waits[n - 1] - waits[0] > 800, "retries that failed together came back together: {waits:?}");
+    assert!(next_within(&mut consumer, Duration::from_secs(1)).await.is_none(), "each once");
+}
