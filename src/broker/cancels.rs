@@ -46,18 +46,6 @@ pub enum CancelError {
     Invalid(String),
 }
 
-impl From<CancelError> for crate::broker::lot::ParkingError {
-    fn from(e: CancelError) -> Self {
-        use crate::broker::lot::ParkingError;
-        match e {
-            CancelError::Broker(e) => ParkingError::Broker(e),
-            CancelError::Timeout(timeout, during) => ParkingError::Timeout { during, timeout },
-            CancelError::NotTaken(why) => ParkingError::Refused(why),
-            CancelError::Invalid(why) => ParkingError::Invalid(why),
-        }
-    }
-}
-
 async fn bounded<T>(during: &'static str, call: impl Future<Output = ladder_amqp::Result<T>>) -> Result<T, CancelError> {
     match tokio::time::timeout(BROKER_TIMEOUT, call).await {
         Ok(result) => Ok(result?),

@@ -140,6 +140,19 @@ pub enum ParkingError {
     Envelope(#[from] EnvelopeError),
 }
 
+/// A cancellation that failed, classified as the parking lot's errors are (CLI, API).
+impl From<crate::broker::cancels::CancelError> for ParkingError {
+    fn from(e: crate::broker::cancels::CancelError) -> Self {
+        use crate::broker::cancels::CancelError;
+        match e {
+            CancelError::Broker(e) => ParkingError::Broker(e),
+            CancelError::Timeout(timeout, during) => ParkingError::Timeout { during, timeout },
+            CancelError::NotTaken(why) => ParkingError::Refused(why),
+            CancelError::Invalid(why) => ParkingError::Invalid(why),
+        }
+    }
+}
+
 /// What kind of failure an error is: one classification for the CLI's exit codes and the
 /// HTTP API's statuses alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
