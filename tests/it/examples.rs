@@ -4,6 +4,11 @@
 //! message, sees it again after each tier, and the ladder parks it after `max_attempts`. And the
 //! README's consumer snippets are excerpts of these files, kept identical.
 //!
+//! The scheduled-delivery examples (`schedule.py`, `schedule.js`, `go-schedule`), the migration
+//! from the delayed-message plugin: each publishes three messages with `x-delay` to a ladder with
+//! `exact_delays = true` and reports how long each took to come back; every one must come once,
+//! never early and not much late. The README quotes them too.
+//!
 //! A language whose interpreter or compiler is absent is skipped with a message; one that is
 //! present but lacks its AMQP client fails, naming the command that installs it (`scripts/test-env`
 //! installs them all).
@@ -27,6 +32,24 @@ backoff = ["200ms", "500ms"]
 max_attempts = 2
 allow = ["^{ns}-"]
 "#;
+
+/// A ladder that schedules deliveries to the test's queues: `exact_delays` declares its delay
+/// levels (the test helpers otherwise leave them out).
+const SCHEDULING: &str = r#"
+exact_delays = true
+backoff = ["1s"]
+allow = ["^{ns}-"]
+"#;
+
+/// The `message_id`s and `x-delay`s (ms) the schedule examples publish.
+const SCHEDULED: [(&str, u64); 3] = [("s1", 300), ("s2", 600), ("s3", 900)];
+
+/// How much later than its `x-delay` a scheduled delivery may come: the intake hop, the level
+/// hops and the due hop on a busy 2-core machine. It is never earlier.
+const SCHEDULE_LATE: Duration = Duration::from_millis(1_500);
+
+/// How long a schedule example may run: its 10 s bound on the deliveries, plus starting up.
+const SCHEDULE_RUN: Duration = Duration::from_secs(60);
 
 /// The tiers of [`LADDER`]: the least wait before retry 1 and before retry 2.
 const TIERS: [Duration; 2] = [Duration::from_millis(200), Duration::from_millis(500)];
@@ -62,6 +85,30 @@ enum Mode {
     DeadLetter,
 }
 
+/// Which example of a language: the consumer (both modes), or the scheduled deliveries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Program {
+    Consumer,
+    Schedule,
+}
+
+/// A region of an example that the README quotes, between `<comment> README:<region>:start`
+/// and `…:end`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Region {
+    Consumer(Mode),
+    Schedule,
+}
+
+impl Region {
+    fn program(self) -> Program {
+        match self {
+            Region::Consumer(_) => Program::Consumer,
+            Region::Schedule => Program::Schedule,
+        }
+    }
+}
+
 impl fmt::Display for Lang {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -70,6 +117,15 @@ impl fmt::Display for Lang {
             Lang::Go => "go",
             Lang::Java => "java",
         })
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Region::Consumer(mode) => mode.fmt(f),
+            Region::Schedule => f.write_str("schedule"),
+        }
     }
 }
 
@@ -134,36 +190,47 @@ fn tool_version(program: &str, arg: &str) -> Option<String> {
 }
 
 impl Lang {
-    /// The command line that runs this language's example (built if need be), or why the test
+    /// The command line that runs this language's `program` (built if need be), or why the test
     /// is skipped: only an absent interpreter or compiler. A toolchain without its AMQP client
     /// fails the test.
-    fn prepare(self) -> Result<Vec<OsString>, String> {
-        match self {
-            Lang::Python => prepare_python(),
-            Lang::Node => prepare_node(),
-            Lang::Go => {
-                static GO: OnceLock<Result<Vec<OsString>, String>> = OnceLock::new();
-                GO.get_or_init(build_go).clone()
+    fn prepare(self, program: Program) -> Result<Vec<OsString>, String> {
+        type Built = OnceLock<Result<Vec<OsString>, String>>;
+        match (self, program) {
+            (Lang::Python, _) => prepare_python(self.source(program).0),
+            (Lang::Node, _) => prepare_node(self.source(program).0),
+            (Lang::Go, Program::Consumer) => {
+                static GO: Built = OnceLock::new();
+                GO.get_or_init(|| build_go("go", "go-consumer")).clone()
             }
-            Lang::Java => {
-                static JAVA: OnceLock<Result<Vec<OsString>, String>> = OnceLock::new();
+            (Lang::Go, Program::Schedule) => {
+                static GO: Built = OnceLock::new();
+                GO.get_or_init(|| build_go("go-schedule", "go-schedule")).clone()
+            }
+            (Lang::Java, Program::Consumer) => {
+                static JAVA: Built = OnceLock::new();
                 JAVA.get_or_init(build_java).clone()
             }
+            (Lang::Java, Program::Schedule) => panic!("there is no java schedule example"),
         }
     }
 
-    /// The example file, and the comment that starts its README markers.
-    fn source(self) -> (PathBuf, &'static str) {
-        match self {
-            Lang::Python => (examples_dir().join("python/consumer.py"), "#"),
-            Lang::Node => (examples_dir().join("node/consumer.js"), "//"),
-            Lang::Go => (examples_dir().join("go/main.go"), "//"),
-            Lang::Java => (examples_dir().join("java/LadderConsumer.java"), "//"),
-        }
+    /// The file of this language's `program`, and the comment that starts its README markers.
+    fn source(self, program: Program) -> (PathBuf, &'static str) {
+        let (path, comment) = match (self, program) {
+            (Lang::Python, Program::Consumer) => ("python/consumer.py", "#"),
+            (Lang::Python, Program::Schedule) => ("python/schedule.py", "#"),
+            (Lang::Node, Program::Consumer) => ("node/consumer.js", "//"),
+            (Lang::Node, Program::Schedule) => ("node/schedule.js", "//"),
+            (Lang::Go, Program::Consumer) => ("go/main.go", "//"),
+            (Lang::Go, Program::Schedule) => ("go-schedule/main.go", "//"),
+            (Lang::Java, Program::Consumer) => ("java/LadderConsumer.java", "//"),
+            (Lang::Java, Program::Schedule) => panic!("there is no java schedule example"),
+        };
+        (examples_dir().join(path), comment)
     }
 }
 
-fn prepare_python() -> Result<Vec<OsString>, String> {
+fn prepare_python(script: PathBuf) -> Result<Vec<OsString>, String> {
     let Some(version) = tool_version("python3", "--version") else {
         return Err("python3 is not installed (apt-get install python3)".into());
     };
@@ -175,11 +242,10 @@ fn prepare_python() -> Result<Vec<OsString>, String> {
         "{version} cannot import pika: install it with `pip install pika` (scripts/test-env)\n{out}"
     );
     eprintln!("python: {version}, pika {}", out.trim());
-    let script = examples_dir().join("python/consumer.py");
     Ok(vec!["python3".into(), "-u".into(), script.into()])
 }
 
-fn prepare_node() -> Result<Vec<OsString>, String> {
+fn prepare_node(script: PathBuf) -> Result<Vec<OsString>, String> {
     let Some(version) = tool_version("node", "--version") else {
         return Err("node is not installed (apt-get install nodejs npm)".into());
     };
@@ -192,12 +258,12 @@ fn prepare_node() -> Result<Vec<OsString>, String> {
         "node: {version}, amqplib {}",
         amqplib["version"].as_str().unwrap_or("?")
     );
-    Ok(vec!["node".into(), dir.join("consumer.js").into()])
+    Ok(vec!["node".into(), script.into()])
 }
 
-/// Builds examples/go offline in GOPATH mode against Debian's amqp091-go
+/// Builds examples/`<dir>` into `<binary>` offline in GOPATH mode against Debian's amqp091-go
 /// (golang-github-rabbitmq-amqp091-go-dev); `LADDER_TEST_GOPATH` names another GOPATH.
-fn build_go() -> Result<Vec<OsString>, String> {
+fn build_go(dir: &str, binary: &str) -> Result<Vec<OsString>, String> {
     let Some(version) = tool_version("go", "version") else {
         return Err("go is not installed (apt-get install golang-go golang-github-rabbitmq-amqp091-go-dev)".into());
     };
@@ -207,13 +273,13 @@ fn build_go() -> Result<Vec<OsString>, String> {
         "{version} is installed but amqp091-go is not in {gopath}: \
          apt-get install golang-github-rabbitmq-amqp091-go-dev (scripts/test-env)"
     );
-    let binary = scratch().join("go-consumer");
+    let binary = scratch().join(binary);
     let mut build = Command::new("go");
     build
         .args(["build", "-o"])
         .arg(&binary)
         .arg(".")
-        .current_dir(examples_dir().join("go"))
+        .current_dir(examples_dir().join(dir))
         .env("GO111MODULE", "off")
         .env("GOPATH", &gopath)
         .env("GOFLAGS", "")
@@ -221,8 +287,8 @@ fn build_go() -> Result<Vec<OsString>, String> {
         .env("GOCACHE", scratch().join("go-cache"));
     let started = Instant::now();
     let (status, out) = run_bounded(&mut build, BUILD_WAIT, "go-build").unwrap();
-    assert!(status.success(), "go build of examples/go failed:\n{out}");
-    eprintln!("go: {version}, built in {:?}", started.elapsed());
+    assert!(status.success(), "go build of examples/{dir} failed:\n{out}");
+    eprintln!("go: {version}, built examples/{dir} in {:?}", started.elapsed());
     Ok(vec![binary.into()])
 }
 
@@ -285,16 +351,18 @@ struct Run {
 }
 
 impl Run {
-    fn configure(lang: Lang, mode: Mode) -> Self {
-        let ns = unique_namespace(&format!("ex-{lang}-{mode}"));
+    /// A ladder `default` from `ladder_toml` in a namespace named after `hint`; `label` names
+    /// the run in the logs printed on failure.
+    fn configure(label: String, hint: &str, ladder_toml: &str) -> Self {
+        let ns = unique_namespace(hint);
         let dir = tempfile::tempdir().unwrap();
-        write_config(dir.path(), &ns, ADMIN_ANY_PORT, "default", LADDER);
+        write_config(dir.path(), &ns, ADMIN_ANY_PORT, "default", ladder_toml);
         let config = ladder::config::load(&dir.path().join("ladder.toml"), &HashMap::new()).expect("a valid config");
         let (mut queues, exchanges) = declared_names(&config);
         let queue = format!("{ns}-orders");
         queues.push(queue.clone());
         Run {
-            label: format!("{lang} {mode}"),
+            label,
             dir,
             names: Names::new(&ns, "default"),
             queue,
@@ -448,7 +516,7 @@ fn text(s: &Option<ladder_amqp::ShortString>) -> Option<&str> {
 /// Runs one example in one mode end to end: three deliveries (attempts 0, 1, 2) spaced by the
 /// tiers, then the message parked as `max-attempts` for `<ns>-orders`, as it was published.
 async fn example_retries_then_parks(lang: Lang, mode: Mode) {
-    let argv = match lang.prepare() {
+    let argv = match lang.prepare(Program::Consumer) {
         Ok(argv) => argv,
         Err(why) => {
             eprintln!("SKIPPED: the {lang} example ({mode} mode): {why}");
@@ -456,7 +524,7 @@ async fn example_retries_then_parks(lang: Lang, mode: Mode) {
         }
     };
     let started = Instant::now();
-    let mut run = Run::configure(lang, mode);
+    let mut run = Run::configure(format!("{lang} {mode}"), &format!("ex-{lang}-{mode}"), LADDER);
     run.spawn_ladder();
     let conn = connect().await;
     let (intake, due) = (run.names.intake_queue.clone(), run.names.due.clone());
@@ -605,14 +673,84 @@ async fn java_dead_letter() {
     example_retries_then_parks(Lang::Java, Mode::DeadLetter).await;
 }
 
-/// The lines between `<comment> README:<mode>:start` and `…:end` in `lang`'s example, less the
-/// start marker's indentation, without leading or trailing blank lines.
-fn region(lang: Lang, mode: Mode) -> Vec<String> {
-    let (path, comment) = lang.source();
+/// Runs one language's schedule example to completion against `ladder run` with delay levels:
+/// by its output, each of [`SCHEDULED`] came once, no sooner than its `x-delay` after the
+/// example published it and at most [`SCHEDULE_LATE`] after that.
+async fn example_schedules(lang: Lang) {
+    let argv = match lang.prepare(Program::Schedule) {
+        Ok(argv) => argv,
+        Err(why) => {
+            eprintln!("SKIPPED: the {lang} schedule example: {why}");
+            return;
+        }
+    };
+    let started = Instant::now();
+    let mut run = Run::configure(format!("{lang} schedule"), &format!("ex-{lang}-sched"), SCHEDULING);
+    run.spawn_ladder();
+    let conn = connect().await;
+    let (intake, due) = (run.names.intake_queue.clone(), run.names.due.clone());
+    run.wait_consumed(&conn, &intake, "ladder run").await;
+    run.wait_consumed(&conn, &due, "ladder run").await;
+    let _ = conn.close(200, "ready").await;
+
+    let mut example = Command::new(&argv[0]);
+    example
+        .args(&argv[1..])
+        .args(["--queue", &run.queue, "--exchange", &run.names.intake_exchange])
+        .env("AMQP_URL", amqp_url());
+    let log_name = format!("{lang}-schedule");
+    let (status, out) = tokio::task::spawn_blocking(move || run_bounded(&mut example, SCHEDULE_RUN, &log_name))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{:?} starts: {e}", argv[0]));
+    assert!(status.success(), "the {lang} schedule example: {status}\n{out}");
+
+    // `<id> waited_ms=<n>` on stdout; its stderr, in the same output, never looks like that
+    let waited: Vec<(&str, u64)> = out
+        .lines()
+        .filter_map(|line| {
+            let (id, ms) = line.split_once(" waited_ms=")?;
+            Some((id, ms.trim().parse().ok()?))
+        })
+        .collect();
+    for (id, delay) in SCHEDULED {
+        let came: Vec<u64> = waited.iter().filter(|(i, _)| *i == id).map(|(_, ms)| *ms).collect();
+        assert_eq!(came.len(), 1, "{id} came {} times, not once:\n{out}", came.len());
+        let (asked, took) = (Duration::from_millis(delay), Duration::from_millis(came[0]));
+        eprintln!("{lang} schedule: {id} came after {took:?} (x-delay {asked:?})");
+        assert!(took >= asked, "{id} came after {took:?}, before its x-delay {asked:?}");
+        assert!(
+            took <= asked + SCHEDULE_LATE,
+            "{id} came after {took:?}, more than {SCHEDULE_LATE:?} after its x-delay {asked:?}"
+        );
+    }
+    assert_eq!(waited.len(), SCHEDULED.len(), "deliveries of no id it sent:\n{out}");
+    eprintln!("{lang} schedule: passed in {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn python_schedule() {
+    example_schedules(Lang::Python).await;
+}
+
+#[tokio::test]
+async fn node_schedule() {
+    example_schedules(Lang::Node).await;
+}
+
+#[tokio::test]
+async fn go_schedule() {
+    example_schedules(Lang::Go).await;
+}
+
+/// The lines between `<comment> README:<region>:start` and `…:end` in `lang`'s example, less
+/// the start marker's indentation, without leading or trailing blank lines.
+fn region(lang: Lang, region: Region) -> Vec<String> {
+    let (path, comment) = lang.source(region.program());
     let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (start, end) = (
-        format!("{comment} README:{mode}:start"),
-        format!("{comment} README:{mode}:end"),
+        format!("{comment} README:{region}:start"),
+        format!("{comment} README:{region}:end"),
     );
     let lines: Vec<&str> = source.lines().collect();
     let find = |marker: &str| {
@@ -640,34 +778,63 @@ fn region(lang: Lang, mode: Mode) -> Vec<String> {
     while out.last().is_some_and(|l| l.is_empty()) {
         out.pop();
     }
-    assert!(!out.is_empty(), "{}: the {mode} region is empty", path.display());
+    assert!(!out.is_empty(), "{}: the {region} region is empty", path.display());
     out
 }
 
-/// A fenced code block of the README's "Consumer snippets" section.
+/// A fenced code block of a README section made of excerpts of the examples.
 struct Snippet {
     lang: Lang,
-    mode: Mode,
+    region: Region,
     /// Line numbers (0-based) of its first and past its last content line.
     lines: (usize, usize),
 }
 
-/// Every fenced block under `## Consumer snippets`, with the language of its fence and the mode
-/// of the `###` heading it is under.
-fn readme_snippets(readme: &str) -> Vec<Snippet> {
+/// A README section whose code blocks are excerpts of the examples.
+struct Section {
+    heading: &'static str,
+    /// The region quoted by the blocks under a `###` heading (`None`: before the first), if any.
+    region_under: fn(Option<&str>) -> Option<Region>,
+    /// The regions the section must quote, in each of [`QUOTED`].
+    regions: &'static [Region],
+}
+
+/// The languages every section quotes (Java only under Consumer snippets).
+const QUOTED: [Lang; 3] = [Lang::Python, Lang::Node, Lang::Go];
+
+const SECTIONS: [Section; 2] = [
+    Section {
+        heading: "## Delayed delivery (moving from the delayed-message plugin)",
+        region_under: |_| Some(Region::Schedule),
+        regions: &[Region::Schedule],
+    },
+    Section {
+        heading: "## Consumer snippets",
+        region_under: |heading| match heading {
+            Some(h) if h.starts_with("Explicit mode") => Some(Region::Consumer(Mode::Explicit)),
+            Some(h) if h.starts_with("Dead-letter mode") => Some(Region::Consumer(Mode::DeadLetter)),
+            _ => None,
+        },
+        regions: &[Region::Consumer(Mode::Explicit), Region::Consumer(Mode::DeadLetter)],
+    },
+];
+
+/// Every fenced block of `section`, with the language of its fence and the region of the `###`
+/// heading it is under.
+fn readme_snippets(readme: &str, section: &Section) -> Vec<Snippet> {
     let lines: Vec<&str> = readme.lines().collect();
     let start = lines
         .iter()
-        .position(|l| l.trim_end() == "## Consumer snippets")
-        .expect("README.md has a `## Consumer snippets` section");
-    let (mut mode, mut open, mut out) = (None, None, vec![]);
+        .position(|l| l.trim_end() == section.heading)
+        .unwrap_or_else(|| panic!("README.md has a `{}` section", section.heading));
+    let (mut region, mut open, mut out) = ((section.region_under)(None), None, vec![]);
     for (i, line) in lines.iter().enumerate().skip(start + 1) {
         if let Some((lang, from)) = open {
             if line.trim_end() == "```" {
-                let mode = mode.unwrap_or_else(|| panic!("README.md line {}: a snippet under no mode", from));
+                let region = region.unwrap_or_else(|| panic!("README.md line {}: a snippet under no mode", from));
                 out.push(Snippet {
                     lang,
-                    mode,
+                    region,
                     lines: (from, i),
                 });
                 open = None;
@@ -677,58 +844,61 @@ fn readme_snippets(readme: &str) -> Vec<Snippet> {
         if line.starts_with("## ") {
             break;
         } else if let Some(heading) = line.strip_prefix("### ") {
-            mode = if heading.starts_with("Explicit mode") {
-                Some(Mode::Explicit)
-            } else if heading.starts_with("Dead-letter mode") {
-                Some(Mode::DeadLetter)
-            } else {
-                None
-            };
+            region = (section.region_under)(Some(heading));
         } else if let Some(info) = line.strip_prefix("```") {
             let lang = match info.trim() {
                 "python" => Lang::Python,
                 "js" | "javascript" => Lang::Node,
                 "go" => Lang::Go,
                 "java" => Lang::Java,
-                other => panic!("README.md line {}: a `{other}` block under Consumer snippets", i + 1),
+                other => panic!("README.md line {}: a `{other}` block under {}", i + 1, section.heading),
             };
             open = Some((lang, i + 1));
         }
     }
     assert!(
         open.is_none(),
-        "README.md: an unclosed code block under Consumer snippets"
+        "README.md: an unclosed code block under {}",
+        section.heading
     );
     out
 }
 
-/// The README's consumer snippets are the marked regions of the examples, character for
-/// character. `LADDER_UPDATE_README_SNIPPETS=1` rewrites them from the examples instead.
+/// The README's consumer snippets and scheduled-delivery snippets are the marked regions of the
+/// examples, character for character. `LADDER_UPDATE_README_SNIPPETS=1` rewrites them from the
+/// examples instead.
 #[test]
 fn readme_snippets_are_excerpts_of_the_examples() {
     for lang in [Lang::Python, Lang::Node, Lang::Go, Lang::Java] {
         for mode in [Mode::Explicit, Mode::DeadLetter] {
-            region(lang, mode);
+            region(lang, Region::Consumer(mode));
         }
+    }
+    for lang in QUOTED {
+        region(lang, Region::Schedule);
     }
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&path).unwrap();
-    let snippets = readme_snippets(&readme);
-    let mut covered: Vec<(Lang, Mode)> = snippets.iter().map(|s| (s.lang, s.mode)).collect();
-    covered.dedup();
-    for lang in [Lang::Python, Lang::Node, Lang::Go] {
-        for mode in [Mode::Explicit, Mode::DeadLetter] {
-            assert!(
-                covered.contains(&(lang, mode)),
-                "README.md has no {lang} snippet in {mode} mode"
-            );
+    let mut snippets = vec![];
+    for section in &SECTIONS {
+        let found = readme_snippets(&readme, section);
+        for lang in QUOTED {
+            for region in section.regions {
+                assert!(
+                    found.iter().any(|s| s.lang == lang && s.region == *region),
+                    "README.md has no {lang} snippet of the {region} region under {}",
+                    section.heading
+                );
+            }
         }
+        snippets.extend(found);
     }
+    snippets.sort_by_key(|s| s.lines.0);
     let mut lines: Vec<String> = readme.lines().map(str::to_string).collect();
     let mut differ = vec![];
     // from the last, so that replacing a block keeps the line numbers of those before it
     for s in snippets.iter().rev() {
-        let want = region(s.lang, s.mode);
+        let want = region(s.lang, s.region);
         let have = &lines[s.lines.0..s.lines.1];
         if have != want.as_slice() {
             let first = have
@@ -740,7 +910,7 @@ fn readme_snippets_are_excerpts_of_the_examples() {
                 "README.md line {}: the {} {} snippet differs from its example at snippet line {}:\n  README:  {:?}\n  example: {:?}",
                 s.lines.0 + 1,
                 s.lang,
-                s.mode,
+                s.region,
                 first + 1,
                 have.get(first),
                 want.get(first)
