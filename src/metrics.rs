@@ -4,6 +4,9 @@
 //! Names are `ladder_<thing>_<unit>[_total]`; label values are bounded: ladder, hop, tier,
 //! reason, queue role — never a message id or a destination queue.
 
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -14,6 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::model::ladder::LadderSpec;
+use crate::model::leaving::LeaveTimes;
 use crate::model::names::Hop;
 use crate::model::protocol::{DeferReason, ParkReason};
 
@@ -72,6 +76,10 @@ pub struct Metrics {
     hop_duration: Family<HopLabels, Histogram, fn() -> Histogram>,
     in_flight: Family<HopLabels, Gauge>,
     queue_messages: Family<QueueLabels, Gauge>,
+    next_leave: Family<TierLabels, Gauge<f64, AtomicU64>>,
+    /// Per (ladder, tier): when what this process put into the tier leaves; shared by every
+    /// [`LadderMetrics`] made for the ladder (the relay loops record, the poller reads).
+    leaving: Mutex<HashMap<(String, String), Arc<Mutex<LeaveTimes>>>>,
     unaccounted: Family<LadderLabel, Gauge>,
     unaccounted_alarms: Family<LadderLabel, Counter>,
     /// Sessions started after a lost connection.
@@ -101,6 +109,8 @@ impl Metrics {
             hop_duration: Family::new_with_constructor(hop_histogram),
             in_flight: Family::default(),
             queue_messages: Family::default(),
+            next_leave: Family::default(),
+            leaving: Mutex::default(),
             unaccounted: Family::default(),
             unaccounted_alarms: Family::default(),
             reconnects: Counter::default(),
@@ -161,6 +171,11 @@ impl Metrics {
             "ladder_queue_messages",
             "Messages in a ladder's queues at the latest poll: ready messages; for the parked stream, its length",
             m.queue_messages.clone(),
+        );
+        registry.register(
+            "ladder_tier_next_leave_timestamp_seconds",
+            "When the next message this process put into a tier leaves it (tier TTL after it went in, to a 1024th of the TTL), at the latest poll; 0 when none it knows of waits",
+            m.next_leave.clone(),
         );
         registry.register(
             "ladder_unaccounted_messages",
@@ -224,7 +239,19 @@ impl Metrics {
                         ladder: ladder.clone(),
                         tier: tier.name.clone(),
                     };
-                    (tier.name.clone(), self.scheduled.get_or_create(&labels).clone())
+                    let leaving = self
+                        .leaving
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .entry((ladder.clone(), tier.name.clone()))
+                        .or_insert_with(|| Arc::new(Mutex::new(LeaveTimes::new(tier.ttl_ms()))))
+                        .clone();
+                    TierHandles {
+                        name: tier.name.clone(),
+                        scheduled: self.scheduled.get_or_create(&labels).clone(),
+                        next_leave: self.next_leave.get_or_create(&labels).clone(),
+                        leaving,
+                    }
                 })
                 .collect(),
             entered: self
@@ -310,6 +337,15 @@ pub struct HopMetrics {
     pub in_flight: Gauge,
 }
 
+/// One tier's handles.
+#[derive(Debug, Clone)]
+struct TierHandles {
+    name: String,
+    scheduled: Counter,
+    next_leave: Gauge<f64, AtomicU64>,
+    leaving: Arc<Mutex<LeaveTimes>>,
+}
+
 /// One ladder's handles, cheap to use from the hot path.
 #[derive(Debug, Clone)]
 pub struct LadderMetrics {
@@ -317,7 +353,7 @@ pub struct LadderMetrics {
     /// First deliveries from `N.L.intake` (not redeliveries): the messages that entered the
     /// ladder, for the accounting identity.
     pub entered: Counter,
-    scheduled: Vec<(String, Counter)>,
+    scheduled: Vec<TierHandles>,
     /// Retries delivered to their destination.
     pub delivered: Counter,
     /// Due-time lateness of delivered retries.
@@ -336,11 +372,26 @@ impl LadderMetrics {
         }
     }
 
-    /// Counts a retry scheduled into `tier`.
-    pub fn scheduled(&self, tier: &str) {
-        if let Some((_, counter)) = self.scheduled.iter().find(|(name, _)| name == tier) {
-            counter.inc();
+    /// Counts a message put into `tier` at `now_ms` (a retry, or one hop of a longer wait).
+    pub fn scheduled(&self, tier: &str, now_ms: u64) {
+        if let Some(t) = self.scheduled.iter().find(|t| t.name == tier) {
+            t.scheduled.inc();
+            t.leaving.lock().unwrap_or_else(PoisonError::into_inner).entered(now_ms);
         }
+    }
+
+    /// Per tier, in the ladder's order: when the next message this process put into it leaves,
+    /// and how many it put in that have not left, as of `now_ms`; also sets
+    /// `ladder_tier_next_leave_timestamp_seconds` (0 for none).
+    pub fn next_leaves(&self, now_ms: u64) -> Vec<(String, Option<(u64, u64)>)> {
+        self.scheduled
+            .iter()
+            .map(|t| {
+                let next = t.leaving.lock().unwrap_or_else(PoisonError::into_inner).next(now_ms);
+                t.next_leave.set(next.map_or(0.0, |(at, _)| at as f64 / 1000.0));
+                (t.name.clone(), next)
+            })
+            .collect()
     }
 
     /// Counts a delivered retry and its lateness.
@@ -368,7 +419,7 @@ impl LadderMetrics {
 
     /// Total scheduled so far, all tiers.
     pub fn scheduled_total(&self) -> u64 {
-        self.scheduled.iter().map(|(_, c)| c.get()).sum()
+        self.scheduled.iter().map(|t| t.scheduled.get()).sum()
     }
 }
 
@@ -409,7 +460,7 @@ mod tests {
         );
         let l = metrics.ladder(&spec);
         l.hop(Hop::Intake).received.inc();
-        l.scheduled("10s");
+        l.scheduled("10s", 1_000);
         l.delivered(Duration::from_millis(12));
         l.parked(ParkReason::NoRoute);
         l.deferred(DeferReason::Refused);

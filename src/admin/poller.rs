@@ -94,6 +94,9 @@ pub struct LadderSnapshot {
     pub rates: Option<Rates>,
     /// The accounting check's state after this poll.
     pub accounting: AccountingStatus,
+    /// Per tier: when the next message this process put into it leaves, and how many it put in
+    /// that have not left ([`LadderMetrics::next_leaves`]).
+    pub next_leaves: Vec<(String, Option<(u64, u64)>)>,
 }
 
 /// Per-second rates of a ladder's counters between two polls.
@@ -301,6 +304,7 @@ async fn poll(
             .and_then(|(then, counters)| Rates::between(&counters, &after, at.saturating_duration_since(then)));
         entries.push(LadderSnapshot {
             name: ladder.spec.name.clone(),
+            next_leaves: ladder.metrics.next_leaves(at_ms),
             depths: read.map(|r| r.depths.clone()),
             counters: after,
             rates,

@@ -163,7 +163,7 @@ mod tests {
         let f = fixture();
         let spec = &f.state.config.ladders[0];
         let ladder = f.state.service.metrics.ladder(spec);
-        ladder.scheduled("10s");
+        ladder.scheduled("10s", 1_000);
         f.state.service.metrics.set_queue_messages("orders", "delay.10s", 1);
         let (status, content_type, body) = get(&f.state, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
@@ -193,8 +193,10 @@ mod tests {
         assert_eq!(
             steps,
             [
-                &serde_json::json!({"name": "1s", "delay_ms": 1000, "queue": "ns.orders.delay.1s", "step": true}),
-                &serde_json::json!({"name": "10s", "delay_ms": 10000, "queue": "ns.orders.delay.10s", "step": true}),
+                &serde_json::json!({"name": "1s", "delay_ms": 1000, "queue": "ns.orders.delay.1s", "step": true,
+                    "next_leave_at_ms": null, "put_in_waiting": null}),
+                &serde_json::json!({"name": "10s", "delay_ms": 10000, "queue": "ns.orders.delay.10s", "step": true,
+                    "next_leave_at_ms": null, "put_in_waiting": null}),
             ]
         );
         assert_eq!(l["tiers"].as_array().unwrap().len(), 30, "the steps and the 28 delay levels");
@@ -265,6 +267,7 @@ mod tests {
                     missing: Some(0),
                     unaccounted: 0,
                 },
+                next_leaves: vec![("1s".into(), Some((1_763_766_000_600, 6))), ("10s".into(), None)],
             }],
         })));
         let v: serde_json::Value = serde_json::from_str(&get(&f.state, "/api/ladders").await.2).unwrap();
@@ -275,6 +278,12 @@ mod tests {
         assert_eq!(l["rates"]["scheduled"], 1.2);
         assert_eq!(l["totals"]["received_intake"], 7);
         assert_eq!(l["accounting"]["verdict"], "balanced");
+        let tier = |name: &str| l["tiers"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap().clone();
+        assert_eq!(tier("1s")["next_leave_at_ms"], 1_763_766_000_600u64);
+        assert_eq!(tier("1s")["put_in_waiting"], 6);
+        assert!(tier("10s")["next_leave_at_ms"].is_null());
+        let (_, _, page) = get(&f.state, "/").await;
+        assert!(page.contains("next out"), "the page shows the next leave time: {page}");
     }
 
     async fn send(state: &Arc<AdminState>, request: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {

@@ -87,6 +87,12 @@ pub(crate) struct TierView {
     pub(crate) queue: String,
     /// A backoff step (else a delay level, used by exact delays only).
     pub(crate) step: bool,
+    /// When the next message this process put into the tier leaves it (ms since the epoch, to
+    /// a 1024th of the tier), at the latest poll; `None` when none it knows of waits. Other
+    /// replicas' messages, and those from before a restart, are not counted.
+    pub(crate) next_leave_at_ms: Option<u64>,
+    /// How many this process put into the tier that have not left yet, by the same estimate.
+    pub(crate) put_in_waiting: Option<u64>,
 }
 
 impl LaddersView {
@@ -103,11 +109,18 @@ impl LaddersView {
                     tiers: spec
                         .tiers
                         .iter()
-                        .map(|tier| TierView {
-                            name: tier.name.clone(),
-                            delay_ms: tier.ttl_ms(),
-                            queue: names.tier_queue(tier),
-                            step: spec.steps.contains(tier),
+                        .map(|tier| {
+                            let leaving = polled
+                                .and_then(|l| l.next_leaves.iter().find(|(name, _)| *name == tier.name))
+                                .and_then(|(_, next)| *next);
+                            TierView {
+                                name: tier.name.clone(),
+                                delay_ms: tier.ttl_ms(),
+                                queue: names.tier_queue(tier),
+                                step: spec.steps.contains(tier),
+                                next_leave_at_ms: leaving.map(|(at, _)| at),
+                                put_in_waiting: leaving.map(|(_, n)| n),
+                            }
                         })
                         .collect(),
                     max_attempts: spec.max_attempts,

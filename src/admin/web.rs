@@ -132,12 +132,16 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                     td { b { (l.name) } br; code { (l.exchange) } br; "max attempts " (l.max_attempts) }
                     td {
                         @for t in l.tiers.iter().filter(|t| t.step) {
-                            (t.name) ": " (depth(l, &format!("delay.{}", t.name))) br;
+                            (t.name) ": " (depth(l, &format!("delay.{}", t.name)))
+                            @if let Some(at) = t.next_leave_at_ms { span .next-leave { ", next out " (format_time(at)) } }
+                            br;
                         }
                         @let levels: Vec<_> = l.tiers.iter().filter(|t| !t.step).collect();
                         @if !levels.is_empty() {
                             @let waiting: Option<u64> = levels.iter().map(|t| l.depths.as_ref().and_then(|d| d.get(&format!("delay.{}", t.name)).copied().flatten())).sum();
+                            @let next = levels.iter().filter_map(|t| t.next_leave_at_ms).min();
                             span .levels { (levels.len()) " delay levels: " (waiting.map_or("?".to_string(), |n| n.to_string())) }
+                            @if let Some(at) = next { span .next-leave { ", next out " (format_time(at)) } }
                         }
                     }
                     td { (depth(l, "intake")) " / " (depth(l, "due")) }

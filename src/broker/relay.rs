@@ -354,7 +354,7 @@ async fn settle(
         };
         step = match (step, publish) {
             (Step::Schedule(forward), Confirmation::Ack) => {
-                ladder.metrics.scheduled(&forward.routing_key);
+                ladder.metrics.scheduled(&forward.routing_key, now_ms());
                 debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                        tier = %forward.routing_key, trace_id = %trace_id(trace), "scheduled");
                 return Ok(());

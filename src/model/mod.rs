@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod cancels;
 pub mod envelope;
 pub mod ladder;
+pub mod leaving;
 pub mod lot;
 pub mod names;
 pub mod plan;

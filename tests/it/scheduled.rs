@@ -28,7 +28,8 @@ allow_exchanges = ["^{ns}-"]
 const LATE: Duration = Duration::from_millis(1_500);
 
 /// Admin server settings with one operator, alice.
-const ADMIN: &str = "[admin]\nbind = \"127.0.0.1:0\"\n[admin.tokens]\nalice = \"alice-token-0123456789\"";
+const ADMIN: &str =
+    "[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\nalice = \"alice-token-0123456789\"";
 const ALICE: &str = "alice-token-0123456789";
 
 fn scheduled(id: &str, headers: &[(&str, FieldValue)]) -> BasicProperties {
@@ -152,7 +153,7 @@ async fn an_exchange_target_gets_the_routing_key_and_unroutable_or_disallowed_ar
 }
 
 /// A second service for the same config (another replica), stopped when dropped.
-struct Replica(CancellationToken, tokio::task::JoinHandle<()>, Arc<State>);
+struct Replica(CancellationToken, tokio::task::JoinHandle<()>);
 
 impl Replica {
     async fn start(t: &TestLadder) -> Self {
@@ -160,7 +161,7 @@ impl Replica {
         let (config, s, token) = (t.config.clone(), state.clone(), stop.clone());
         let task = tokio::spawn(async move { service::run(config, s, token).await.expect("replica runs") });
         wait_until("replica ready", || state.health.is_ready()).await;
-        Replica(stop, task, state)
+        Replica(stop, task)
     }
 }
 
@@ -183,11 +184,24 @@ async fn a_cancellation_from_the_cli_or_the_api_reaches_every_replica_before_it_
         let props = scheduled(id, &[("retry-to", text(&orders)), ("x-delay", ms(4_000))]);
         t.publish(&t.intake(), "", id.as_bytes(), props).await;
     }
+    // the page and the API say when the next of them leaves its level (this replica's share)
+    let due_by = now_ms() + 4_000;
+    let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let ladders = admin.url("/api/ladders");
+    let (next_out, waiting) = eventually("a next leave time in /api/ladders", WAIT, async || {
+        let v: Value = http.get(&ladders).send().await.ok()?.json().await.ok()?;
+        let tiers = v["ladders"][0]["tiers"].as_array()?.clone();
+        let next = tiers.iter().filter_map(|t| t["next_leave_at_ms"].as_u64()).min()?;
+        let waiting: u64 = tiers.iter().filter_map(|t| t["put_in_waiting"].as_u64()).sum();
+        Some((next, waiting))
+    })
+    .await;
+    assert!(next_out <= due_by && next_out + 4_100 >= due_by, "next leave {next_out}, due by {due_by}");
+    assert!((1..=3).contains(&waiting), "{waiting} (the service or the replica took them)");
     let out = run_ladder(&t.config_path(), &["scheduled", "cancel", "by-cli", "--by", "carol"], &[]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("cancelled by-cli"));
 
-    let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
     let url = admin.url(&format!("/api/ladders/{}/scheduled/cancel", t.ladder));
     let refused = http.post(&url).json(&json!({"message_id": "by-api"})).send().await.unwrap();
     assert_eq!(refused.status().as_u16(), 401, "a cancel needs a token");
