@@ -111,15 +111,30 @@ pub fn choose_ladder<'c>(config: &'c Config, name: Option<&str>) -> anyhow::Resu
 pub fn check(config: &Config) -> ExitCode {
     println!("{}: ok ({} ladders)", config.file.display(), config.ladders.len());
     for ladder in &config.ladders {
-        let tiers: Vec<_> = ladder.tiers.iter().map(|t| t.name.as_str()).collect();
+        let steps: Vec<_> = ladder.steps.iter().map(|t| t.name.as_str()).collect();
         println!(
             "  {}: tiers [{}], max_attempts {}, {} {}",
             ladder.name,
-            tiers.join(", "),
+            steps.join(", "),
             ladder.max_attempts,
             ladder.queue_type.as_str(),
             ladder.dead_letter_strategy.as_str()
         );
+        let levels: Vec<_> = ladder.tiers.iter().filter(|t| !ladder.steps.contains(t)).collect();
+        if let (Some(first), Some(last)) = (levels.first(), levels.last()) {
+            println!(
+                "    exact delays: {} delay levels {} … {}{}{}",
+                levels.len(),
+                first.name,
+                last.name,
+                ladder.jitter.map(|j| format!(", jitter {}%", f64::from(j.permille) / 10.0)).unwrap_or_default(),
+                if ladder.allow_exchanges.is_empty() {
+                    String::new()
+                } else {
+                    format!(", exchanges [{}]", ladder.allow_exchanges.patterns().join(", "))
+                },
+            );
+        }
         if let Some(senders) = &ladder.senders {
             let grants: Vec<String> = senders
                 .grants

@@ -86,6 +86,22 @@ async fn check_accepts_a_valid_config_and_prints_the_ladder() {
     );
 }
 
+#[tokio::test]
+async fn check_summarises_the_delay_levels_of_a_ladder_with_exact_delays() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = unique_namespace("checklevels");
+    let ladder_toml = format!("exact_delays = true\njitter = \"10%\"\nallow_exchanges = [\"^events$\"]\n{LADDER}");
+    let path = write_config(dir.path(), &ns, "", "default", &ladder_toml);
+    let out = ladder(&path, &["check"], &[]).await;
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(text.contains("default: tiers [200ms, 500ms], max_attempts 2"), "the steps: {text}");
+    assert!(
+        text.contains("exact delays: 28 delay levels 16ms … 596h31m23s648ms, jitter 10%, exchanges [^events$]"),
+        "{text}"
+    );
+}
+
 /// Which file of the config a case rewrites.
 #[derive(Clone, Copy)]
 enum File {
