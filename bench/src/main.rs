@@ -12,6 +12,7 @@
 
 mod broker;
 mod decide;
+mod delays;
 mod hold;
 mod minimal_relay;
 mod parking;
@@ -126,6 +127,15 @@ enum Sub {
         #[arg(long)]
         runs: Option<usize>,
     },
+    /// Exact delays and scheduled deliveries: precision under load, throughput of one level,
+    /// a composed delay and a 1 s retry, memory with messages waiting, and RabbitMQ 4.3's native
+    /// delayed retry (`benchmarks/delays.md`, `--quick`: ~8 minutes).
+    Delays {
+        /// A RabbitMQ ≥ 4.3 node for the native delayed retry comparison (default: `--url`, if
+        /// that broker is ≥ 4.3; else that part is skipped).
+        #[arg(long)]
+        native_url: Option<String>,
+    },
     /// Writes results.md and the plots again from a results.json (after a change of format).
     Render {
         /// The results.json of a run; the report goes next to it.
@@ -159,6 +169,14 @@ fn main() -> ExitCode {
         Some(Sub::Render { json }) => child(render(&json)),
         Some(Sub::Cleanup { pid, ctl }) => child(runtime.block_on(cleanup(&cli.url, pid, &ctl))),
         Some(Sub::Parking { entries, runs }) => match runtime.block_on(parking_bench(&cli, entries, runs)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("ladder-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Sub::Delays { ref native_url }) => match runtime.block_on(delays_bench(&cli, native_url.as_deref())) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -213,6 +231,76 @@ fn ladder_bin(cli: &Cli) -> Result<PathBuf> {
         ));
     }
     Ok(ladder_bin)
+}
+
+/// `ladder-bench delays`; `Ok(false)` when something it declared could not be deleted.
+async fn delays_bench(cli: &Cli, native_url: Option<&str>) -> Result<bool> {
+    let ladder_bin = ladder_bin(cli)?;
+    let plan = if cli.quick {
+        delays::Plan::quick()
+    } else {
+        delays::Plan::full()
+    };
+    let work = std::env::temp_dir().join(format!("ladder-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let results = delays::DelayResults {
+        profile: plan.name.to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: utc_now(),
+        machine: Machine::detect(),
+        load_start: procs::loadavg(),
+        ..Default::default()
+    };
+    eprintln!(
+        "ladder-bench delays ({} run): load average {}; logs in {}",
+        plan.name,
+        results.load_start,
+        work.display()
+    );
+    let shared = Arc::new(Mutex::new(results));
+    let (registry, native_registry) = (Registry::default(), Registry::default());
+    let outcome = tokio::select! {
+        r = delays::measure(&cli.url, native_url, plan, &work, &ladder_bin, (&registry, &native_registry), shared.clone()) => r,
+        signal = interrupted() => Err(anyhow!("{signal}: stopped")),
+    };
+    eprintln!("cleaning up: deleting every queue and exchange the benchmark declared");
+    let mut clean = true;
+    for (registry, url) in [
+        (&registry, cli.url.as_str()),
+        (&native_registry, native_url.unwrap_or(&cli.url)),
+    ] {
+        let names = registry.snapshot();
+        let failures = registry.delete_all(url).await;
+        for f in &failures {
+            eprintln!("ladder-bench: cleanup: {f}");
+        }
+        let leftovers = still_there(url, &names).await;
+        if !leftovers.is_empty() {
+            eprintln!(
+                "ladder-bench: still on the broker after cleanup: {}",
+                leftovers.join(", ")
+            );
+        }
+        clean &= failures.is_empty() && leftovers.is_empty();
+    }
+    eprintln!(
+        "cleanup: {}",
+        if clean {
+            "nothing left on the broker"
+        } else {
+            "SOME REMAIN"
+        }
+    );
+    let mut results = shared.lock().unwrap().clone();
+    outcome.with_context(|| format!("logs of the services are in {}", work.display()))?;
+    results.finished = utc_now();
+    results.load_end = procs::loadavg();
+    let out = cli.out.clone().unwrap_or_else(|| PathBuf::from("benchmarks"));
+    let md = delays::write(&results, &out)?;
+    println!("{}", delays::markdown(&results));
+    let _ = std::fs::remove_dir_all(&work);
+    eprintln!("wrote {}", md.display());
+    Ok(clean)
 }
 
 /// `ladder-bench parking`; `Ok(false)` when something it declared could not be deleted.
