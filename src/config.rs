@@ -919,7 +919,12 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         }),
     };
     let exact_delays = raw.exact_delays.unwrap_or(DEFAULT_EXACT_DELAYS);
-    let jitter = raw.jitter.as_deref().map(parse_jitter).transpose().map_err(|p| err("jitter", p))?;
+    let jitter = raw
+        .jitter
+        .as_deref()
+        .map(parse_jitter)
+        .transpose()
+        .map_err(|p| err("jitter", p))?;
     if jitter.is_some() && !exact_delays {
         return Err(err(
             "jitter",
@@ -955,7 +960,10 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
 
 /// A ladder's `jitter`: a percentage from 0% to 50% (`"10%"`, `"2.5%"`), kept in thousandths.
 fn parse_jitter(text: &str) -> Result<Jitter, String> {
-    let number = text.trim().strip_suffix('%').ok_or_else(|| format!("{text:?} must be a percentage such as \"10%\""))?;
+    let number = text
+        .trim()
+        .strip_suffix('%')
+        .ok_or_else(|| format!("{text:?} must be a percentage such as \"10%\""))?;
     let percent: f64 = number
         .trim()
         .parse()
@@ -963,7 +971,9 @@ fn parse_jitter(text: &str) -> Result<Jitter, String> {
     if !(0.0..=MAX_JITTER_PERCENT).contains(&percent) {
         return Err(format!("{text:?} must be between 0% and {MAX_JITTER_PERCENT}%"));
     }
-    Ok(Jitter { permille: (percent * 10.0).round() as u16 })
+    Ok(Jitter {
+        permille: (percent * 10.0).round() as u16,
+    })
 }
 
 #[cfg(test)]
@@ -1188,7 +1198,13 @@ mod tests {
 
     #[test]
     fn exact_delays_jitter_and_exchange_targets() {
-        let one = |ladder: &str| Fixture::new("", &[("default", ladder)]).load(&[]).unwrap().ladders.remove(0);
+        let one = |ladder: &str| {
+            Fixture::new("", &[("default", ladder)])
+                .load(&[])
+                .unwrap()
+                .ladders
+                .remove(0)
+        };
         let l = one(GOOD_LADDER);
         assert!(l.exact_delays, "on unless a ladder turns them off");
         assert_eq!(l.jitter, None);
@@ -1200,11 +1216,31 @@ mod tests {
         assert!(!l.exact_delays);
         assert_eq!(l.tiers, l.steps, "only the steps are declared");
         for (ladder, key, says) in [
-            ("backoff = [\"1s\"]\nallow = []\njitter = \"10\"", "jitter", "percentage"),
-            ("backoff = [\"1s\"]\nallow = []\njitter = \"60%\"", "jitter", "between 0% and 50%"),
-            ("backoff = [\"1s\"]\nallow = []\nexact_delays = false\njitter = \"5%\"", "jitter", "exact_delays"),
-            ("backoff = [\"1s\"]\nallow = []\nexact_delays = false\nallow_exchanges = [\"x\"]", "allow_exchanges", "exact_delays"),
-            ("backoff = [\"1s\"]\nallow = []\nallow_exchanges = [\"(\"]", "allow_exchanges", "invalid regex"),
+            (
+                "backoff = [\"1s\"]\nallow = []\njitter = \"10\"",
+                "jitter",
+                "percentage",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\njitter = \"60%\"",
+                "jitter",
+                "between 0% and 50%",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\nexact_delays = false\njitter = \"5%\"",
+                "jitter",
+                "exact_delays",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\nexact_delays = false\nallow_exchanges = [\"x\"]",
+                "allow_exchanges",
+                "exact_delays",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\nallow_exchanges = [\"(\"]",
+                "allow_exchanges",
+                "invalid regex",
+            ),
         ] {
             let e = problem("", ladder);
             assert_eq!(e.key, key, "{ladder}: {e}");

@@ -70,7 +70,9 @@ fn main() -> ExitCode {
         Command::Parked(args) => {
             on_deep_stack(|| runtime().block_on(cli::parked::parked(&config, *args, &env))).unwrap_or_else(failed)
         }
-        Command::Scheduled(args) => runtime().block_on(cli::scheduled::scheduled(&config, args)).unwrap_or_else(failed),
+        Command::Scheduled(args) => runtime()
+            .block_on(cli::scheduled::scheduled(&config, args))
+            .unwrap_or_else(failed),
     }
 }
 

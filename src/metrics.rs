@@ -5,7 +5,7 @@
 //! reason, queue role — never a message id or a destination queue.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -50,9 +50,37 @@ struct QueueLabels {
     queue: String,
 }
 
+/// How many upper bounds `ladder_lateness_seconds` has (its `+Inf` bucket aside).
+pub const LATENESS_BUCKETS: usize = 16;
+
 /// Lateness buckets: 1 ms to ~33 s, doubling.
 fn lateness_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+    Histogram::new(lateness_bounds())
+}
+
+/// The upper bounds of `ladder_lateness_seconds`'s buckets, in seconds.
+pub fn lateness_bounds() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, LATENESS_BUCKETS as u16)
+}
+
+/// Per bucket of `ladder_lateness_seconds` (the last is `+Inf`), how many observations fell in
+/// it — not cumulative. prometheus-client does not let its histogram be read back, so the
+/// handles count the same observations a second time here, for the web page's lateness chart.
+#[derive(Debug, Default)]
+pub struct LatenessBuckets([AtomicU64; LATENESS_BUCKETS + 1]);
+
+impl LatenessBuckets {
+    fn observe(&self, seconds: f64) {
+        let i = lateness_bounds()
+            .position(|bound| seconds <= bound)
+            .unwrap_or(LATENESS_BUCKETS);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far, one per bucket (not cumulative), `+Inf` last.
+    pub fn counts(&self) -> [u64; LATENESS_BUCKETS + 1] {
+        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
+    }
 }
 
 /// Hop latency buckets: 100 µs to ~3.3 s, doubling.
@@ -80,6 +108,8 @@ pub struct Metrics {
     /// Per (ladder, tier): when what this process put into the tier leaves; shared by every
     /// [`LadderMetrics`] made for the ladder (the relay loops record, the poller reads).
     leaving: Mutex<HashMap<(String, String), Arc<Mutex<LeaveTimes>>>>,
+    /// Per ladder: the lateness histogram's buckets, readable (shared like `leaving`).
+    lateness_buckets: Mutex<HashMap<String, Arc<LatenessBuckets>>>,
     unaccounted: Family<LadderLabel, Gauge>,
     unaccounted_alarms: Family<LadderLabel, Counter>,
     /// Sessions started after a lost connection.
@@ -111,6 +141,7 @@ impl Metrics {
             queue_messages: Family::default(),
             next_leave: Family::default(),
             leaving: Mutex::default(),
+            lateness_buckets: Mutex::default(),
             unaccounted: Family::default(),
             unaccounted_alarms: Family::default(),
             reconnects: Counter::default(),
@@ -266,6 +297,13 @@ impl Metrics {
                 .lateness
                 .get_or_create(&LadderLabel { ladder: ladder.clone() })
                 .clone(),
+            lateness_buckets: self
+                .lateness_buckets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(ladder.clone())
+                .or_default()
+                .clone(),
             deferred: DeferReason::ALL.map(|reason| {
                 let labels = ReasonLabels {
                     ladder: ladder.clone(),
@@ -358,6 +396,8 @@ pub struct LadderMetrics {
     pub delivered: Counter,
     /// Due-time lateness of delivered retries.
     pub lateness: Histogram,
+    /// The same observations, per bucket, readable ([`LadderMetrics::lateness_counts`]).
+    lateness_buckets: Arc<LatenessBuckets>,
     parked: [Counter; ParkReason::ALL.len()],
     deferred: [Counter; DeferReason::ALL.len()],
 }
@@ -394,10 +434,17 @@ impl LadderMetrics {
             .collect()
     }
 
+    /// Per bucket of `ladder_lateness_seconds` (bounds [`lateness_bounds`], then `+Inf`), the
+    /// observations so far in this process, not cumulative.
+    pub fn lateness_counts(&self) -> [u64; LATENESS_BUCKETS + 1] {
+        self.lateness_buckets.counts()
+    }
+
     /// Counts a delivered retry and its lateness.
     pub fn delivered(&self, late: Duration) {
         self.delivered.inc();
         self.lateness.observe(late.as_secs_f64());
+        self.lateness_buckets.observe(late.as_secs_f64());
     }
 
     /// Counts a parked message.
@@ -484,6 +531,14 @@ mod tests {
         }
         assert_eq!(l.parked_total(), 1);
         assert_eq!(l.scheduled_total(), 1);
+        // the lateness buckets are readable through any handle of the ladder: 12 ms is in
+        // the bucket up to 16 ms (1, 2, 4, 8, 16)
+        let again = metrics.ladder(&spec);
+        again.delivered(Duration::from_secs(3600));
+        let mut expected = [0; LATENESS_BUCKETS + 1];
+        expected[4] = 1;
+        expected[LATENESS_BUCKETS] = 1;
+        assert_eq!(l.lateness_counts(), expected);
         metrics.clear_queue_messages("orders", "delay.10s");
         assert!(!metrics.encode().contains("queue=\"delay.10s\""));
     }

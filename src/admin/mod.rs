@@ -17,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span};
 
 pub mod api;
+pub mod charts;
 pub mod desk;
 pub mod guard;
+pub mod history;
 pub mod openapi;
 pub mod poller;
 pub mod router;
@@ -68,7 +70,13 @@ pub async fn run(
     let state = Arc::new(AdminState::new(config.clone(), service.clone(), snapshots));
     let address = listener.local_addr()?;
     let mut tasks = JoinSet::new();
-    let poll = poller::run(config, service.clone(), publish, shutdown.clone());
+    let poll = poller::run(
+        config,
+        service.clone(),
+        publish,
+        state.history.clone(),
+        shutdown.clone(),
+    );
     // the streams exist once the service declared its topology: following earlier would only
     // fail, warn and retry on every fresh start
     let follow = {

@@ -663,9 +663,9 @@ mod tests {
         routes
     }
 
-    /// The web page's routes: HTML for people, not part of the API.
+    /// The web page's routes (and its stylesheet): for people, not part of the API.
     fn is_web_page(path: &str) -> bool {
-        path == "/" || path.starts_with("/ladders/")
+        path == "/" || path.starts_with("/ladders/") || path.starts_with("/static/")
     }
 
     #[test]

@@ -21,7 +21,7 @@
 //! summed across replicas in Prometheus (README, "Metrics and health").
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use ladder_amqp::{Channel, Connection};
@@ -31,6 +31,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::admin::history::{LatenessCounts, SharedHistory};
 use crate::broker::supervisor::{self as service, State};
 use crate::clock::now_ms;
 use crate::config::{AmqpConfig, Config};
@@ -97,6 +98,9 @@ pub struct LadderSnapshot {
     /// Per tier: when the next message this process put into it leaves, and how many it put in
     /// that have not left ([`LadderMetrics::next_leaves`]).
     pub next_leaves: Vec<(String, Option<(u64, u64)>)>,
+    /// Per bucket of `ladder_lateness_seconds`, this process's observations so far (not
+    /// cumulative, `+Inf` last), for the history's lateness per minute.
+    pub lateness: LatenessCounts,
 }
 
 /// Per-second rates of a ladder's counters between two polls.
@@ -185,11 +189,13 @@ struct Read {
     consumers: Option<(u32, u32)>,
 }
 
-/// Polls until `shutdown`, publishing each [`Snapshot`] on `publish`.
+/// Polls until `shutdown`, publishing each [`Snapshot`] on `publish` and folding it into
+/// `history`.
 pub async fn run(
     config: Arc<Config>,
     state: Arc<State>,
     publish: watch::Sender<Option<Arc<Snapshot>>>,
+    history: SharedHistory,
     shutdown: CancellationToken,
 ) {
     let mut ladders: Vec<Tracked> = config
@@ -222,6 +228,7 @@ pub async fn run(
             snapshot = poll(&amqp, &mut broker, &state, &mut ladders, previous.as_deref()) => Arc::new(snapshot),
         };
         previous = Some(snapshot.clone());
+        history.lock().unwrap_or_else(PoisonError::into_inner).record(&snapshot);
         publish.send_replace(Some(snapshot));
     }
     broker.reset().await;
@@ -305,6 +312,7 @@ async fn poll(
         entries.push(LadderSnapshot {
             name: ladder.spec.name.clone(),
             next_leaves: ladder.metrics.next_leaves(at_ms),
+            lateness: ladder.metrics.lateness_counts(),
             depths: read.map(|r| r.depths.clone()),
             counters: after,
             rates,

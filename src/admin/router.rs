@@ -36,7 +36,11 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/", get(web::overview))
         .route("/ladders/{ladder}/parked", get(web::list))
         .route("/ladders/{ladder}/jobs/{id}", get(web::job_page))
-        .route("/ladders/{ladder}/scheduled/cancel", post(web::cancel_scheduled))
+        .route(
+            "/ladders/{ladder}/scheduled/cancel",
+            get(web::confirm_cancel).post(web::cancel_scheduled),
+        )
+        .route("/static/ladder.css", get(web::stylesheet))
         .route("/ladders/{ladder}/parked/{offset}", get(web::entry))
         .route(
             "/ladders/{ladder}/parked/{offset}/{action}",
@@ -189,7 +193,12 @@ mod tests {
         let l = &v["ladders"][0];
         assert_eq!(l["name"], "orders");
         assert_eq!(l["exchange"], "ns.orders");
-        let steps: Vec<_> = l["tiers"].as_array().unwrap().iter().filter(|t| t["step"] == true).collect();
+        let steps: Vec<_> = l["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["step"] == true)
+            .collect();
         assert_eq!(
             steps,
             [
@@ -199,7 +208,11 @@ mod tests {
                     "next_leave_at_ms": null, "put_in_waiting": null}),
             ]
         );
-        assert_eq!(l["tiers"].as_array().unwrap().len(), 30, "the steps and the 28 delay levels");
+        assert_eq!(
+            l["tiers"].as_array().unwrap().len(),
+            30,
+            "the steps and the 28 delay levels"
+        );
         assert_eq!(l["max_attempts"], 4);
         assert_eq!(l["allow"], serde_json::json!(["^orders$", "^billing\\."]));
         assert_eq!(l["queue_type"], "quorum");
@@ -268,6 +281,7 @@ mod tests {
                     unaccounted: 0,
                 },
                 next_leaves: vec![("1s".into(), Some((1_763_766_000_600, 6))), ("10s".into(), None)],
+                lateness: Default::default(),
             }],
         })));
         let v: serde_json::Value = serde_json::from_str(&get(&f.state, "/api/ladders").await.2).unwrap();
@@ -278,7 +292,15 @@ mod tests {
         assert_eq!(l["rates"]["scheduled"], 1.2);
         assert_eq!(l["totals"]["received_intake"], 7);
         assert_eq!(l["accounting"]["verdict"], "balanced");
-        let tier = |name: &str| l["tiers"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap().clone();
+        let tier = |name: &str| {
+            l["tiers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == name)
+                .unwrap()
+                .clone()
+        };
         assert_eq!(tier("1s")["next_leave_at_ms"], 1_763_766_000_600u64);
         assert_eq!(tier("1s")["put_in_waiting"], 6);
         assert!(tier("10s")["next_leave_at_ms"].is_null());

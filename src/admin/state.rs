@@ -8,6 +8,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::admin::desk::Desk;
+use crate::admin::history::{History, SharedHistory};
 use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
 use crate::broker::supervisor::State;
 use crate::config::Config;
@@ -25,6 +26,8 @@ pub struct AdminState {
     pub snapshots: watch::Receiver<Option<Arc<Snapshot>>>,
     /// The parking lots.
     pub desk: Arc<Desk>,
+    /// The last hour per ladder, written by the poller, drawn by the overview.
+    pub history: SharedHistory,
 }
 
 impl AdminState {
@@ -33,6 +36,7 @@ impl AdminState {
         AdminState {
             service,
             desk: Arc::new(Desk::new(config.clone())),
+            history: Arc::new(std::sync::Mutex::new(History::new(&config.ladders))),
             config,
             snapshots,
         }

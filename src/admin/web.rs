@@ -21,11 +21,12 @@ use axum::Form;
 use axum::extract::{Path, Query, State as Extract};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 use serde_json::Value;
 
 use crate::admin::api::{self, Denied, ListQuery};
 use crate::admin::desk::{Job, JobKind, JobView};
+use crate::admin::poller::AccountingStatus;
 use crate::admin::state::{AdminState, LaddersView};
 use crate::broker::lot::{self as parking, PageRequest, ParkingError, ReplayOptions, Status};
 use crate::model::lot::filter::Filter;
@@ -41,38 +42,158 @@ const DEFAULT_BULK_RATE: &str = "50/s";
 /// counted (a lot may hold entries for hundreds of queues).
 const BREAKDOWN_DESTINATIONS: usize = 12;
 
-/// The pages' one stylesheet, inline; the Content-Security-Policy allows it by its hash
-/// ([`crate::admin::guard::CONTENT_SECURITY_POLICY`]), so any change here is allowed too.
-pub(crate) const STYLE: &str = "
-body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}
-table{border-collapse:collapse;margin:.5rem 0}
-td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f3f3f3}
-pre{background:#f7f7f7;padding:.5rem;overflow:auto;max-height:30rem}
-form#filters label{display:inline-block;margin:.2rem .6rem .2rem 0}
-.error{color:#a00}.ok{color:#070}
-nav a{margin-right:1rem}
-";
+/// The pages' one stylesheet, served at [`STYLESHEET_PATH`]; the Content-Security-Policy
+/// allows stylesheets from this server only ([`crate::admin::guard::CONTENT_SECURITY_POLICY`]).
+pub(crate) const STYLE: &str = include_str!("ladder.css");
+
+/// Where the stylesheet is served.
+pub(crate) const STYLESHEET_PATH: &str = "/static/ladder.css";
+
+/// How long a browser may keep the stylesheet: the pages link it with its hash in the query
+/// (`?v=`), so a new build's stylesheet is a new URL and a long lifetime never serves a stale one.
+const STYLESHEET_CACHE: &str = "public, max-age=86400, immutable";
+
+/// The stylesheet's URL, with the first 12 hex digits of its SHA-256 as the version.
+static STYLESHEET_URL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let digest = ring::digest::digest(&ring::digest::SHA256, STYLE.as_bytes());
+    let hex: String = digest.as_ref()[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{STYLESHEET_PATH}?v={hex}")
+});
+
+/// `GET /static/ladder.css`.
+pub(crate) async fn stylesheet() -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (axum::http::header::CACHE_CONTROL, STYLESHEET_CACHE),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+/// How often the overview reloads itself, in seconds.
+pub(crate) const OVERVIEW_REFRESH_SECONDS: u32 = 10;
 
 fn page(title: &str, body: Markup) -> Html<String> {
+    page_with(title, None, body)
+}
+
+/// A page with the header bar; `refresh` reloads it every so many seconds.
+fn page_with(title: &str, refresh: Option<u32>, body: Markup) -> Html<String> {
     Html(
         html! {
             (DOCTYPE)
             html lang="en" {
                 head {
                     meta charset="utf-8";
+                    meta name="viewport" content="width=device-width, initial-scale=1";
+                    @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
                     title { (title) " — Ladder" }
-                    style { (PreEscaped(STYLE)) }
+                    link rel="stylesheet" href=(STYLESHEET_URL.as_str());
                 }
                 body {
-                    nav { a href="/" { "Ladders" } a href="/metrics" { "Metrics" } a href="/api/ladders" { "JSON" } }
-                    h1 { (title) }
-                    (body)
+                    header .bar {
+                        a .brand href="/" { "Ladder" }
+                        nav #nav {
+                            a href="/" { "Overview" }
+                            a href="/metrics" { "Metrics" }
+                            a href="/api/ladders" { "JSON" }
+                            a href="/api/openapi.json" { "API" }
+                        }
+                        @if let Some(seconds) = refresh {
+                            span .note #refresh { "Refreshes every " (seconds) " s · " a href="/?refresh=off" { "stop" } }
+                        }
+                    }
+                    main {
+                        h1 { (title) }
+                        (body)
+                    }
                 }
             }
         }
         .into_string(),
     )
+}
+
+/// `n` with its thousands apart: `12 408`.
+pub(crate) fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `n message` or `n messages`.
+fn messages(n: u64) -> String {
+    format!("{} message{}", grouped(n), if n == 1 { "" } else { "s" })
+}
+
+/// Hours and minutes (UTC) of `ms`.
+fn clock_time(ms: u64) -> String {
+    let minutes = ms / 60_000 % (24 * 60);
+    format!("{:02}:{:02} UTC", minutes / 60, minutes % 60)
+}
+
+/// The accounting check in a sentence, and its status class (`ok`, `warn`, `bad`, `idle`):
+/// `received` is what this process took from the intake queue, `unaccounted_since_ms` when the
+/// current shortfall was first reported.
+pub(crate) fn accounting_sentence(
+    a: &AccountingStatus,
+    received: u64,
+    unaccounted_since_ms: Option<u64>,
+) -> (&'static str, String) {
+    if a.unaccounted > 0 {
+        let since = unaccounted_since_ms.map_or(String::new(), |at| format!(" since {}", clock_time(at)));
+        return (
+            "bad",
+            format!(
+                "{} unaccounted for{since} — see the runbook LadderUnaccountedMessages (README, Runbooks).",
+                messages(a.unaccounted)
+            ),
+        );
+    }
+    match a.verdict {
+        "balanced" => ("ok", format!("All {} accounted for.", messages(received))),
+        "anchored" => (
+            "ok",
+            format!("Check started: all {} accounted for.", messages(received)),
+        ),
+        "rebased" => (
+            "ok",
+            format!(
+                "Found more messages than counted (duplicates, or published straight into a tier); \
+                 counting from here: all {} accounted for.",
+                messages(received)
+            ),
+        ),
+        "suspect" => (
+            "warn",
+            format!(
+                "{} not found at the last quiet poll; checking again before raising the alarm.",
+                messages(a.missing.unwrap_or(0).unsigned_abs())
+            ),
+        ),
+        "busy" if a.anchored => (
+            "ok",
+            "Messages are moving; at the last quiet poll every one was accounted for.".into(),
+        ),
+        "busy" => (
+            "idle",
+            "Messages are moving; the check starts at the first quiet poll.".into(),
+        ),
+        _ => (
+            "idle",
+            "Not checked yet: the check starts at the first quiet poll, and stays off while other \
+             replicas consume the same queues."
+                .into(),
+        ),
+    }
 }
 
 /// `s` as one URL path segment (ladder names are checked at load, but a record's copy is not).
@@ -104,15 +225,34 @@ fn rate(value: f64) -> String {
     format!("{value:.1}/s")
 }
 
-pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<String> {
+/// `GET /`: every ladder in a table, then per ladder its accounting in a sentence and charts
+/// of its last hour; reloads itself every [`OVERVIEW_REFRESH_SECONDS`] unless `?refresh=off`.
+pub(crate) async fn overview(
+    Extract(state): Extract<Arc<AdminState>>,
+    Query(pairs): Query<Vec<(String, String)>>,
+) -> Html<String> {
     let snapshot = state.snapshots.borrow().clone();
     let view = LaddersView::new(&state.config, snapshot.as_deref());
+    // a copy, so the lock is not held while rendering
+    let history = state
+        .history
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let refresh = !pairs.iter().any(|(k, v)| k == "refresh" && v == "off");
     let depth = |l: &crate::admin::state::LadderView, role: &str| -> String {
         match l.depths.as_ref().map(|d| d.get(role).copied().flatten()) {
-            Some(Some(n)) => n.to_string(),
+            Some(Some(n)) => grouped(n),
             Some(None) => "missing".into(),
             None => "?".into(),
         }
+    };
+    let accounting = |l: &crate::admin::state::LadderView| {
+        let since = history.ladder(&l.name).and_then(|h| h.unaccounted_since_ms());
+        l.accounting
+            .as_ref()
+            .map(|a| accounting_sentence(a, l.totals.map_or(0, |t| t.received_intake), since))
+            .unwrap_or(("idle", "Not polled yet.".into()))
     };
     let body = html! {
         p {
@@ -122,12 +262,14 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                 None => { "Depths not polled yet." }
             }
             @if let Some(e) = &view.broker_error { span .error { " Broker: " (e) } }
+            @if !refresh { " " a href="/" { "Refresh every " (OVERVIEW_REFRESH_SECONDS) " s" } }
         }
         table #ladders {
             tr { th { "Ladder" } th { "Tiers (delay: waiting)" } th { "Intake / due" } th { "Rates" }
                  th { "Accounting" } th { "Parked, unresolved" } }
             @for l in &view.ladders {
                 @let status = state.desk.status(&l.name).ok();
+                @let (class, sentence) = accounting(l);
                 tr data-ladder=(l.name) {
                     td { b { (l.name) } br; code { (l.exchange) } br; "max attempts " (l.max_attempts) }
                     td {
@@ -140,7 +282,7 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                         @if !levels.is_empty() {
                             @let waiting: Option<u64> = levels.iter().map(|t| l.depths.as_ref().and_then(|d| d.get(&format!("delay.{}", t.name)).copied().flatten())).sum();
                             @let next = levels.iter().filter_map(|t| t.next_leave_at_ms).min();
-                            span .levels { (levels.len()) " delay levels: " (waiting.map_or("?".to_string(), |n| n.to_string())) }
+                            span .levels { (levels.len()) " delay levels: " (waiting.map_or("?".to_string(), grouped)) }
                             @if let Some(at) = next { span .next-leave { ", next out " (format_time(at)) } }
                         }
                     }
@@ -154,7 +296,7 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                             None => { "-" }
                         }
                     }
-                    td { @match &l.accounting { Some(a) => { (a.verdict) } None => { "-" } } }
+                    td { span class={ "status accounting " (class) } { (sentence) } }
                     td {
                         @if let Some(s) = &status {
                             @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
@@ -170,16 +312,99 @@ pub(crate) async fn overview(Extract(state): Extract<Arc<AdminState>>) -> Html<S
                 }
             }
         }
-        @for l in view.ladders.iter().filter(|l| l.tiers.iter().any(|t| !t.step)) {
-            form .cancel method="post" action={ "/ladders/" (l.name) "/scheduled/cancel" } {
-                "Cancel a scheduled delivery of " b { (l.name) } " by message id: "
-                label { "Message id " input type="text" name="message_id" maxlength="255" required; } " "
-                (token_field()) " "
-                button type="submit" { "Cancel it" }
+        @for l in &view.ladders {
+            @let (class, sentence) = accounting(l);
+            section .ladder data-ladder=(l.name) {
+                h2 { (l.name) }
+                p { span class={ "status accounting " (class) } { (sentence) } }
+                p .actions {
+                    a href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }
+                    a .destinations-link href={ "/ladders/" (l.name) "/destinations" } { "Destinations" }
+                    @if l.tiers.iter().any(|t| !t.step) {
+                        a .cancel-link href={ "/ladders/" (l.name) "/scheduled/cancel" } { "Cancel a scheduled delivery…" }
+                    }
+                }
+                (ladder_charts(history.ladder(&l.name)))
             }
         }
+        p .muted {
+            "Charts: the last hour per minute, as this process counted it since it started (the history \
+             is in memory: a restart starts a new hour). Lateness p99 is estimated from the lateness \
+             histogram's buckets, which double in width: within a factor of two."
+        }
     };
-    page("Ladders", body)
+    page_with("Ladders", refresh.then_some(OVERVIEW_REFRESH_SECONDS), body)
+}
+
+/// The three charts of one ladder's last hour.
+fn ladder_charts(history: Option<&crate::admin::history::LadderHistory>) -> Markup {
+    use crate::admin::charts::{Chart, Series, Unit};
+    use crate::admin::history::{MINUTES, Point};
+    let points = history.map(|h| h.points()).unwrap_or_default();
+    let end = history.and_then(|h| h.current_minute()).unwrap_or(0);
+    let first = (end + 1).saturating_sub(MINUTES as u64);
+    let series = |name: &str, value: &dyn Fn(&Point) -> Option<f64>| {
+        let mut values = vec![None; MINUTES];
+        for p in &points {
+            if let Some(slot) = p.minute.checked_sub(first).map(|i| i as usize).filter(|i| *i < MINUTES) {
+                values[slot] = value(p);
+            }
+        }
+        Series {
+            name: name.into(),
+            values,
+        }
+    };
+    let chart = |title: &str, unit: Unit, series: Vec<Series>| Chart {
+        title: title.into(),
+        unit,
+        slots: MINUTES,
+        start_label: format!("-{MINUTES} min"),
+        series,
+    };
+    let charts = [
+        chart(
+            "Messages per minute",
+            Unit::Messages,
+            vec![
+                series("received", &|p| Some(p.received as f64)),
+                series("delivered", &|p| Some(p.delivered as f64)),
+                series("parked", &|p| Some(p.parked as f64)),
+            ],
+        ),
+        chart(
+            "Waiting",
+            Unit::Messages,
+            vec![
+                series("in backoff steps", &|p| p.waiting_steps.map(|n| n as f64)),
+                series("in delay levels", &|p| p.waiting_levels.map(|n| n as f64)),
+            ],
+        ),
+        chart("Lateness p99", Unit::Seconds, vec![series("p99", &|p| p.lateness_p99)]),
+    ];
+    html! {
+        div .charts {
+            @for c in &charts { (c.render()) }
+        }
+    }
+}
+
+/// `GET /ladders/{ladder}/scheduled/cancel`: the form that cancels a scheduled delivery.
+pub(crate) async fn confirm_cancel(Extract(state): Extract<Arc<AdminState>>, Path(ladder): Path<String>) -> Response {
+    if let Err(e) = state.desk.status(&ladder) {
+        return parking_error(&e);
+    }
+    let body = html! {
+        form .cancel #confirm method="post" action={ "/ladders/" (segment(&ladder)) "/scheduled/cancel" } {
+            p { "A message with this id still waiting in " b { (ladder) } " is parked as " code { "cancelled" }
+                " instead of delivered, by every replica." }
+            label { "Message id " input type="text" name="message_id" maxlength="255" required; } " "
+            (token_field()) " "
+            button #confirm-button type="submit" { "Cancel it" }
+        }
+        p { a href="/" { "Back to the ladders" } }
+    };
+    page(&format!("Cancel a scheduled delivery — {ladder}"), body).into_response()
 }
 
 /// The overview's cancel form: records the cancellation for every replica, then says so.

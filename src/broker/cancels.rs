@@ -46,7 +46,10 @@ pub enum CancelError {
     Invalid(String),
 }
 
-async fn bounded<T>(during: &'static str, call: impl Future<Output = ladder_amqp::Result<T>>) -> Result<T, CancelError> {
+async fn bounded<T>(
+    during: &'static str,
+    call: impl Future<Output = ladder_amqp::Result<T>>,
+) -> Result<T, CancelError> {
     match tokio::time::timeout(BROKER_TIMEOUT, call).await {
         Ok(result) => Ok(result?),
         Err(_) => Err(CancelError::Timeout(BROKER_TIMEOUT, during)),
@@ -82,7 +85,12 @@ async fn append(connection: &Connection, stream: &str, format: &str, body: &[u8]
 /// Records that `message_id` is cancelled in the ladder named by `names`, by `by`: every
 /// replica parks a message with that id as `cancelled` when it next handles it (at the latest
 /// when it is due), instead of delivering it. Returns the record once the broker confirmed it.
-pub async fn cancel(connection: &Connection, names: &Names, message_id: &str, by: &str) -> Result<Cancellation, CancelError> {
+pub async fn cancel(
+    connection: &Connection,
+    names: &Names,
+    message_id: &str,
+    by: &str,
+) -> Result<Cancellation, CancelError> {
     let record = Cancellation::new(message_id, by, now_ms()).map_err(CancelError::Invalid)?;
     append(connection, &names.cancels, CANCEL_FORMAT, &record.to_json()).await?;
     info!(stream = %names.cancels, message_id, by, "cancellation recorded");
@@ -101,7 +109,13 @@ pub async fn follow(
     set.set_caught_up(false);
     let marker_id = crate::clock::unique_id("cancels");
     let marker = serde_json::json!({"format": FOLLOW_MARKER_FORMAT, "id": marker_id});
-    append(connection, &names.cancels, FOLLOW_MARKER_FORMAT, marker.to_string().as_bytes()).await?;
+    append(
+        connection,
+        &names.cancels,
+        FOLLOW_MARKER_FORMAT,
+        marker.to_string().as_bytes(),
+    )
+    .await?;
 
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     bounded("setting the prefetch", channel.basic_qos(PREFETCH)).await?;

@@ -253,7 +253,11 @@ async fn session(
         );
     }
     let caught_up = async {
-        while !ladders.iter().filter(|l| l.spec.exact_delays).all(|l| l.cancels.caught_up()) {
+        while !ladders
+            .iter()
+            .filter(|l| l.spec.exact_delays)
+            .all(|l| l.cancels.caught_up())
+        {
             tokio::time::sleep(CANCELS_POLL).await;
         }
     };

@@ -81,7 +81,6 @@ pub enum Command {
     },
 }
 
-
 /// `3.10`, `4.0.5` … as a [`topology::BrokerVersion`].
 fn parse_broker_version(text: &str) -> Result<topology::BrokerVersion, String> {
     let mut parts = text.split('.').map(|p| p.parse::<u32>());
@@ -93,9 +92,11 @@ fn parse_broker_version(text: &str) -> Result<topology::BrokerVersion, String> {
     }
 }
 
-
 /// The ladder a command acts on: the one named, or the only one.
-pub fn choose_ladder<'c>(config: &'c Config, name: Option<&str>) -> anyhow::Result<&'c ladder::model::ladder::LadderSpec> {
+pub fn choose_ladder<'c>(
+    config: &'c Config,
+    name: Option<&str>,
+) -> anyhow::Result<&'c ladder::model::ladder::LadderSpec> {
     use anyhow::Context as _;
     match (name, config.ladders.as_slice()) {
         (Some(name), ladders) => ladders

@@ -43,9 +43,13 @@ pub async fn scheduled(config: &Config, args: ScheduledArgs) -> anyhow::Result<E
         ))
         .into());
     }
-    let by = by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "cli".into());
+    let by = by
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "cli".into());
     let names = Names::new(&config.namespace, &spec.name);
-    let connection = broker::supervisor::connect(&config.amqp).await.map_err(ParkingError::from)?;
+    let connection = broker::supervisor::connect(&config.amqp)
+        .await
+        .map_err(ParkingError::from)?;
     let cancelled = broker::cancels::cancel(&connection, &names, &message_id, &format!("cli:{by}")).await;
     let _ = tokio::time::timeout(broker::cancels::BROKER_TIMEOUT, connection.close(200, "done")).await;
     let record = cancelled.map_err(ParkingError::from)?;

@@ -140,7 +140,10 @@ impl SharedCancellations {
 
     /// Drops what no longer holds.
     pub fn expire(&self, now_ms: u64) {
-        self.inner.write().unwrap_or_else(PoisonError::into_inner).expire(now_ms);
+        self.inner
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .expire(now_ms);
     }
 
     /// Ids held.

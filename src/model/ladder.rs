@@ -533,7 +533,16 @@ mod tests {
     #[test]
     fn waits_compose_any_delay_exactly_in_few_tiers() {
         let l = ladder(&[1_000, 10_000, 60_000, 600_000], 4);
-        let mut delays: Vec<u64> = vec![1, 15, 16, 17, 75_000, 86_400_000, 30 * 86_400_000, MAX_DELAY.as_millis() as u64];
+        let mut delays: Vec<u64> = vec![
+            1,
+            15,
+            16,
+            17,
+            75_000,
+            86_400_000,
+            30 * 86_400_000,
+            MAX_DELAY.as_millis() as u64,
+        ];
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..20_000 {
             x ^= x << 13;
@@ -555,7 +564,11 @@ mod tests {
         }
         assert!(worst <= 29, "{worst}");
         for step in [1_000, 10_000, 60_000, 600_000] {
-            assert_eq!(l.next_wait(Duration::from_millis(step)).ttl_ms(), step, "a step is one tier");
+            assert_eq!(
+                l.next_wait(Duration::from_millis(step)).ttl_ms(),
+                step,
+                "a step is one tier"
+            );
         }
     }
 
@@ -567,9 +580,21 @@ mod tests {
         assert_eq!(l.retry_delay(1, None, 0.5).as_millis(), 10_000);
         assert_eq!(l.retry_delay(1, None, 0.999_999).as_millis(), 11_000);
         l.jitter = None;
-        assert_eq!(l.retry_delay(1, Some(Duration::from_secs(75)), 0.3).as_secs(), 75, "exact, not the next step");
-        assert_eq!(l.retry_delay(1, Some(Duration::from_secs(1)), 0.3).as_secs(), 10, "never shorter than the step");
+        assert_eq!(
+            l.retry_delay(1, Some(Duration::from_secs(75)), 0.3).as_secs(),
+            75,
+            "exact, not the next step"
+        );
+        assert_eq!(
+            l.retry_delay(1, Some(Duration::from_secs(1)), 0.3).as_secs(),
+            10,
+            "never shorter than the step"
+        );
         l.set_exact_delays(false);
-        assert_eq!(l.retry_delay(1, Some(Duration::from_secs(75)), 0.3).as_secs(), 10, "rounded to the longest step");
+        assert_eq!(
+            l.retry_delay(1, Some(Duration::from_secs(75)), 0.3).as_secs(),
+            10,
+            "rounded to the longest step"
+        );
     }
 }

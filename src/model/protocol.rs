@@ -11,9 +11,9 @@ use std::time::Duration;
 use ladder_amqp::{BasicProperties, FieldTable, FieldValue, LongString};
 use serde::{Deserialize, Serialize};
 
-use crate::model::ladder::{LadderSpec, MAX_DELAY};
 use crate::model::ladder::Limits;
 use crate::model::ladder::Mode;
+use crate::model::ladder::{LadderSpec, MAX_DELAY};
 use crate::model::names::{Hop, Names};
 
 /// Header names of the protocol. No `x-` prefix: that belongs to the broker.
@@ -438,7 +438,11 @@ impl HopContext<'_> {
         let target = match (h.get(header::RETRY_TO), h.get(header::RETRY_TO_EXCHANGE)) {
             (Some(_), Some(_)) => Err((
                 ParkReason::InvalidHeader,
-                format!("{} and {} name two targets; give one", header::RETRY_TO, header::RETRY_TO_EXCHANGE),
+                format!(
+                    "{} and {} name two targets; give one",
+                    header::RETRY_TO,
+                    header::RETRY_TO_EXCHANGE
+                ),
             )),
             (Some(queue), None) => check_queue_name(queue)
                 .map(Target::Queue)
@@ -478,7 +482,10 @@ impl HopContext<'_> {
             return park(ParkReason::DestinationNotAllowed, detail, queue);
         }
         if !self.spec.exact_delays {
-            let detail = format!("ladder {} has exact_delays = false: it schedules no deliveries", self.spec.name);
+            let detail = format!(
+                "ladder {} has exact_delays = false: it schedules no deliveries",
+                self.spec.name
+            );
             return park(ParkReason::InvalidDelay, detail, queue);
         }
         let due_at = match scheduled_due_at(h, now_ms) {
@@ -527,9 +534,9 @@ impl HopContext<'_> {
     fn refuse_target(&self, target: &Target) -> Option<String> {
         match target {
             Target::Queue(queue) => self.refuse_destination(queue),
-            Target::Exchange(exchange) if exchange.is_empty() || exchange.starts_with("amq.") => {
-                Some(format!("exchange {exchange:?} is the broker's; name a queue with retry-to instead"))
-            }
+            Target::Exchange(exchange) if exchange.is_empty() || exchange.starts_with("amq.") => Some(format!(
+                "exchange {exchange:?} is the broker's; name a queue with retry-to instead"
+            )),
             Target::Exchange(exchange) if exchange.starts_with(&self.names.prefix) => Some(format!(
                 "exchange {exchange:?} lies in Ladder's namespace {:?}",
                 self.names.prefix
@@ -594,7 +601,11 @@ impl HopContext<'_> {
         {
             let remaining = Duration::from_millis(due - now_ms);
             if remaining > MAX_DELAY {
-                let detail = format!("{} is {} ms ahead, beyond the longest delay", header::RETRY_DUE_AT, due - now_ms);
+                let detail = format!(
+                    "{} is {} ms ahead, beyond the longest delay",
+                    header::RETRY_DUE_AT,
+                    due - now_ms
+                );
                 return park(ParkReason::InvalidDelay, detail, queue);
             }
             let tier = self.spec.next_wait(remaining);
@@ -1123,8 +1134,16 @@ impl Target {
 fn check_exchange_name(value: &FieldValue) -> Result<String, String> {
     match as_text(value) {
         Some(name) if name.len() <= 255 => Ok(name.to_string()),
-        Some(name) => Err(format!("{} is {} bytes, above 255", header::RETRY_TO_EXCHANGE, name.len())),
-        None => Err(format!("{} must be a string, got {}", header::RETRY_TO_EXCHANGE, describe(value))),
+        Some(name) => Err(format!(
+            "{} is {} bytes, above 255",
+            header::RETRY_TO_EXCHANGE,
+            name.len()
+        )),
+        None => Err(format!(
+            "{} must be a string, got {}",
+            header::RETRY_TO_EXCHANGE,
+            describe(value)
+        )),
     }
 }
 
@@ -1145,11 +1164,18 @@ fn scheduled_due_at(h: &FieldTable, now_ms: u64) -> Result<u64, String> {
             .ok_or_else(|| format!("{key} must be integer milliseconds, got {}", describe(value)))
     };
     match (h.get(header::X_DELAY), h.get(header::DELAY_UNTIL)) {
-        (Some(_), Some(_)) => Err(format!("{} and {} both given; give one", header::X_DELAY, header::DELAY_UNTIL)),
+        (Some(_), Some(_)) => Err(format!(
+            "{} and {} both given; give one",
+            header::X_DELAY,
+            header::DELAY_UNTIL
+        )),
         (Some(value), None) => {
             let delay = as_int(header::X_DELAY, value)?;
             if delay > i128::from(max_ms) {
-                return Err(format!("{} of {delay} ms is beyond the longest delay ({max_ms} ms, 49 days)", header::X_DELAY));
+                return Err(format!(
+                    "{} of {delay} ms is beyond the longest delay ({max_ms} ms, 49 days)",
+                    header::X_DELAY
+                ));
             }
             // a negative delay is in the past: due now
             Ok(now_ms.saturating_add(delay.max(0) as u64))
@@ -1172,8 +1198,14 @@ fn scheduled_due_at(h: &FieldTable, now_ms: u64) -> Result<u64, String> {
 }
 
 fn cancelled_detail(props: &BasicProperties) -> String {
-    let id = props.message_id.as_ref().map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
-    format!("message id {:?} was cancelled before it was due", id.unwrap_or_default())
+    let id = props
+        .message_id
+        .as_ref()
+        .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
+    format!(
+        "message id {:?} was cancelled before it was due",
+        id.unwrap_or_default()
+    )
 }
 
 /// The queue named by the newest `x-death` entry (RabbitMQ keeps the newest first).
@@ -1484,17 +1516,26 @@ mod tests {
             let out = forward(f.ctx().intake(&input, NOW));
             // 400 ms exactly: the 256 ms level first, the rest on the way back
             assert_eq!(out.routing_key, "256ms", "{value:?}");
-            assert_eq!(header(&out.properties, "retry-due-at"), Some(&FieldValue::LongLongInt(NOW as i64 + 400)));
+            assert_eq!(
+                header(&out.properties, "retry-due-at"),
+                Some(&FieldValue::LongLongInt(NOW as i64 + 400))
+            );
             assert_eq!(header(&out.properties, "retry-delay"), None);
         }
         let input = props(&[("retry-to", long_string("orders")), ("retry-delay", long_string("1h"))]);
         let out = forward(f.ctx().intake(&input, NOW));
-        assert_eq!(header(&out.properties, "retry-due-at"), Some(&FieldValue::LongLongInt(NOW as i64 + 3_600_000)));
+        assert_eq!(
+            header(&out.properties, "retry-due-at"),
+            Some(&FieldValue::LongLongInt(NOW as i64 + 3_600_000))
+        );
         assert_eq!(out.routing_key, "34m57s152ms");
         // without exact delays: the first step at least that long, as before
         let mut off = fixture();
         off.spec.set_exact_delays(false);
-        let input = props(&[("retry-to", long_string("orders")), ("retry-delay", FieldValue::LongInt(400))]);
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-delay", FieldValue::LongInt(400)),
+        ]);
         assert_eq!(forward(off.ctx().intake(&input, NOW)).routing_key, "500ms");
     }
 
@@ -1503,7 +1544,10 @@ mod tests {
     #[test]
     fn the_due_hop_waits_again_until_due_then_delivers() {
         let f = fixture();
-        let input = props(&[("retry-to", long_string("orders")), ("retry-delay", FieldValue::LongInt(400))]);
+        let input = props(&[
+            ("retry-to", long_string("orders")),
+            ("retry-delay", FieldValue::LongInt(400)),
+        ]);
         let first = forward(f.ctx().intake(&input, NOW));
         assert_eq!(first.kind, ForwardKind::Wait);
         let mut at = NOW + 256 + 3;
@@ -1514,20 +1558,31 @@ mod tests {
             if out.kind == ForwardKind::Deliver {
                 assert_eq!((out.exchange.as_str(), out.routing_key.as_str()), ("", "orders"));
                 assert!(at >= NOW + 400, "never early");
-                assert!(at < NOW + 400 + 16 + 3 * hops.len() as u64, "late by less than a level plus the hops");
+                assert!(
+                    at < NOW + 400 + 16 + 3 * hops.len() as u64,
+                    "late by less than a level plus the hops"
+                );
                 assert_eq!(out.late_ms, at - (NOW + 400));
                 assert_eq!(out.attempt, 1);
                 break;
             }
             assert_eq!(out.exchange, "ns.default.tiers");
-            assert_eq!(header(&out.properties, "retry-attempt"), Some(&FieldValue::LongLongInt(1)), "no attempt");
+            assert_eq!(
+                header(&out.properties, "retry-attempt"),
+                Some(&FieldValue::LongLongInt(1)),
+                "no attempt"
+            );
             let tier = f.spec.tiers.iter().find(|t| t.name == out.routing_key).unwrap();
             at += tier.ttl_ms() + 3;
             hops.push(out.routing_key);
             props_now = out.properties;
             assert!(hops.len() < 10, "{hops:?}");
         }
-        assert_eq!(hops, ["256ms", "128ms", "16ms"], "400 = 256 + 128 + 16 (with 3 ms per hop)");
+        assert_eq!(
+            hops,
+            ["256ms", "128ms", "16ms"],
+            "400 = 256 + 128 + 16 (with 3 ms per hop)"
+        );
     }
 
     #[test]
@@ -1536,7 +1591,10 @@ mod tests {
         f.spec.jitter = Some(crate::model::ladder::Jitter { permille: 100 });
         let input = props(&[("retry-to", long_string("orders"))]);
         let due = |draw: f64| {
-            let arrival = Arrival { draw, ..Arrival::at(NOW) };
+            let arrival = Arrival {
+                draw,
+                ..Arrival::at(NOW)
+            };
             let out = forward(f.ctx().intake_at(&input, &arrival));
             header(&out.properties, "retry-due-at").and_then(as_u64).unwrap() - NOW
         };
@@ -1555,12 +1613,18 @@ mod tests {
     #[test]
     fn x_delay_schedules_one_delivery_without_an_attempt() {
         let f = fixture();
-        let input = scheduled(&[("retry-to", long_string("orders")), ("x-delay", FieldValue::LongInt(5_000))]);
+        let input = scheduled(&[
+            ("retry-to", long_string("orders")),
+            ("x-delay", FieldValue::LongInt(5_000)),
+        ]);
         let out = forward(f.ctx().intake(&input, NOW));
         assert_eq!((out.kind, out.attempt), (ForwardKind::Wait, 0));
         assert_eq!(out.routing_key, "4s96ms");
         let p = &out.properties;
-        assert_eq!(header(p, "retry-due-at"), Some(&FieldValue::LongLongInt(NOW as i64 + 5_000)));
+        assert_eq!(
+            header(p, "retry-due-at"),
+            Some(&FieldValue::LongLongInt(NOW as i64 + 5_000))
+        );
         assert_eq!(header(p, "retry-scheduled"), Some(&FieldValue::Boolean(true)));
         assert_eq!(header(p, "retry-attempt"), None, "not a failure");
         assert_eq!(header(p, "x-delay"), None, "answered: a later failure is a retry");
@@ -1584,14 +1648,25 @@ mod tests {
             ("delay-until", FieldValue::LongLongInt(NOW as i64 - 60_000)),
         ]);
         let out = forward(f.ctx().intake(&input, NOW));
-        assert_eq!((out.exchange.as_str(), out.routing_key.as_str()), ("ns.default.due", ""), "straight to the due queue");
-        let negative = scheduled(&[("retry-to", long_string("orders")), ("x-delay", FieldValue::LongInt(-5))]);
+        assert_eq!(
+            (out.exchange.as_str(), out.routing_key.as_str()),
+            ("ns.default.due", ""),
+            "straight to the due queue"
+        );
+        let negative = scheduled(&[
+            ("retry-to", long_string("orders")),
+            ("x-delay", FieldValue::LongInt(-5)),
+        ]);
         assert_eq!(forward(f.ctx().intake(&negative, NOW)).exchange, "ns.default.due");
         for (key, value, why) in [
             ("x-delay", long_string("soon"), "integer"),
             ("x-delay", FieldValue::LongLongInt(50 * 86_400_000), "longest"),
             ("delay-until", FieldValue::LongLongInt(1_764_000_000), "seconds"),
-            ("delay-until", FieldValue::LongLongInt(NOW as i64 + 50 * 86_400_000), "49 days"),
+            (
+                "delay-until",
+                FieldValue::LongLongInt(NOW as i64 + 50 * 86_400_000),
+                "49 days",
+            ),
             ("x-delay", FieldValue::Boolean(true), "integer"),
         ] {
             let input = scheduled(&[("retry-to", long_string("orders")), (key, value.clone())]);
@@ -1608,14 +1683,23 @@ mod tests {
         assert_eq!(parked(f.ctx().intake(&both, NOW)).reason, ParkReason::InvalidDelay);
         let nowhere = scheduled(&[("x-delay", FieldValue::LongInt(1))]);
         assert_eq!(parked(f.ctx().intake(&nowhere, NOW)).reason, ParkReason::NoDestination);
-        let outside = scheduled(&[("retry-to", long_string("payroll")), ("x-delay", FieldValue::LongInt(1))]);
-        assert_eq!(parked(f.ctx().intake(&outside, NOW)).reason, ParkReason::DestinationNotAllowed);
+        let outside = scheduled(&[
+            ("retry-to", long_string("payroll")),
+            ("x-delay", FieldValue::LongInt(1)),
+        ]);
+        assert_eq!(
+            parked(f.ctx().intake(&outside, NOW)).reason,
+            ParkReason::DestinationNotAllowed
+        );
     }
 
     #[test]
     fn a_scheduled_delivery_to_an_exchange_keeps_its_routing_key_and_needs_allowing() {
         let mut f = fixture();
-        let input = scheduled(&[("retry-to-exchange", long_string("events")), ("x-delay", FieldValue::LongInt(100))]);
+        let input = scheduled(&[
+            ("retry-to-exchange", long_string("events")),
+            ("x-delay", FieldValue::LongInt(100)),
+        ]);
         let arrival = Arrival {
             routing_key: b"order.created",
             ..Arrival::at(NOW)
@@ -1634,8 +1718,15 @@ mod tests {
         assert_eq!(header(&out.properties, "retry-routing-key"), None);
         for reserved in ["", "amq.topic", "ns.default.tiers"] {
             f.spec.allow_exchanges = regex::RegexSet::new([".*"]).unwrap();
-            let input = scheduled(&[("retry-to-exchange", long_string(reserved)), ("x-delay", FieldValue::LongInt(1))]);
-            assert_eq!(parked(f.ctx().intake(&input, NOW)).reason, ParkReason::DestinationNotAllowed, "{reserved:?}");
+            let input = scheduled(&[
+                ("retry-to-exchange", long_string(reserved)),
+                ("x-delay", FieldValue::LongInt(1)),
+            ]);
+            assert_eq!(
+                parked(f.ctx().intake(&input, NOW)).reason,
+                ParkReason::DestinationNotAllowed,
+                "{reserved:?}"
+            );
         }
     }
 
@@ -1646,16 +1737,34 @@ mod tests {
             cancelled: true,
             ..Arrival::at(NOW)
         };
-        let input = scheduled(&[("retry-to", long_string("orders")), ("x-delay", FieldValue::LongInt(5_000))]);
+        let input = scheduled(&[
+            ("retry-to", long_string("orders")),
+            ("x-delay", FieldValue::LongInt(5_000)),
+        ]);
         let park = parked(f.ctx().intake_at(&input, &cancelled));
         assert_eq!(park.reason, ParkReason::Cancelled);
         assert!(park.detail.contains("sched-1"), "{}", park.detail);
         let waiting = forward(f.ctx().intake(&input, NOW)).properties;
-        assert_eq!(parked(f.ctx().due_at(&waiting, &cancelled)).reason, ParkReason::Cancelled, "mid-wait");
-        let due = Arrival { now_ms: NOW + 6_000, ..cancelled };
-        assert_eq!(parked(f.ctx().due_at(&waiting, &due)).reason, ParkReason::Cancelled, "when due");
+        assert_eq!(
+            parked(f.ctx().due_at(&waiting, &cancelled)).reason,
+            ParkReason::Cancelled,
+            "mid-wait"
+        );
+        let due = Arrival {
+            now_ms: NOW + 6_000,
+            ..cancelled
+        };
+        assert_eq!(
+            parked(f.ctx().due_at(&waiting, &due)).reason,
+            ParkReason::Cancelled,
+            "when due"
+        );
         let failure = scheduled(&[("retry-to", long_string("orders"))]);
-        assert_eq!(parked(f.ctx().intake_at(&failure, &cancelled)).reason, ParkReason::Cancelled, "a retry too");
+        assert_eq!(
+            parked(f.ctx().intake_at(&failure, &cancelled)).reason,
+            ParkReason::Cancelled,
+            "a retry too"
+        );
     }
 
     #[test]

@@ -59,7 +59,13 @@ fn every_exported_metric_is_in_the_readme_table() {
         .collect();
     // a family shows in /metrics once it has a series: give every one of them one
     let dir = tempfile::tempdir().unwrap();
-    let config_path = crate::common::write_config(dir.path(), "docs", "", "orders", "backoff = [\"1s\"]\nallow = [\"^orders$\"]");
+    let config_path = crate::common::write_config(
+        dir.path(),
+        "docs",
+        "",
+        "orders",
+        "backoff = [\"1s\"]\nallow = [\"^orders$\"]",
+    );
     let config = ladder::config::load(&config_path, &std::collections::HashMap::new()).unwrap();
     let metrics = ladder::metrics::Metrics::new();
     let _handles = metrics.ladder(&config.ladders[0]);

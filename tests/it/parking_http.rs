@@ -127,9 +127,15 @@ async fn the_api_searches_replays_at_a_rate_discards_and_a_restart_sees_the_same
     assert_eq!(api.total(&[]).await, TOTAL as u64);
     assert_eq!(api.total(&[("destination", &a)]).await, (MIX.to_a + MIX.invalid) as u64);
     assert_eq!(api.total(&[("destination", &b)]).await, MIX.to_b as u64);
-    assert_eq!(api.total(&[("reason", "max-attempts")]).await, (MIX.to_a + MIX.to_b) as u64);
+    assert_eq!(
+        api.total(&[("reason", "max-attempts")]).await,
+        (MIX.to_a + MIX.to_b) as u64
+    );
     assert_eq!(api.total(&[("reason", "invalid-header")]).await, MIX.invalid as u64);
-    assert_eq!(api.total(&[("reason", "no-destination")]).await, MIX.no_destination as u64);
+    assert_eq!(
+        api.total(&[("reason", "no-destination")]).await,
+        MIX.no_destination as u64
+    );
     assert_eq!(api.total(&[("message_id", "m-7")]).await, 1);
     assert_eq!(api.total(&[("correlation_id", "c-3")]).await, (TOTAL / 10) as u64);
     assert_eq!(api.total(&[("header", "tenant=t1")]).await, (TOTAL / 4) as u64);
@@ -247,7 +253,11 @@ async fn the_api_searches_replays_at_a_rate_discards_and_a_restart_sees_the_same
         "{v}"
     );
     let unique: HashSet<_> = arrived.iter().collect();
-    assert_eq!((arrived.len(), unique.len()), (MIX.to_b, MIX.to_b), "each replayed once");
+    assert_eq!(
+        (arrived.len(), unique.len()),
+        (MIX.to_b, MIX.to_b),
+        "each replayed once"
+    );
     let spread = times[MIX.to_b - 1] - times[0];
     let rate = (MIX.to_b - 1) as f64 / spread.as_secs_f64();
     eprintln!(

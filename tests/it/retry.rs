@@ -381,11 +381,20 @@ async fn jitter_spreads_retries_that_failed_together_and_waits_each_exactly() {
         let drawn = (due - first) as u64;
         assert!((1_000..=3_000).contains(&drawn), "{drawn} ms is outside 2 s ± 50 %");
         let waited = at.duration_since(failed_at);
-        assert!(waited + Duration::from_millis(50) >= Duration::from_millis(drawn), "{waited:?} < {drawn} ms");
+        assert!(
+            waited + Duration::from_millis(50) >= Duration::from_millis(drawn),
+            "{waited:?} < {drawn} ms"
+        );
         waits.push(drawn);
     }
     waits.sort();
     // 30 uniform draws over 2 s: spread over far more than a few ms
-    assert!(waits[n - 1] - waits[0] > 800, "retries that failed together came back together: {waits:?}");
-    assert!(next_within(&mut consumer, Duration::from_secs(1)).await.is_none(), "each once");
+    assert!(
+        waits[n - 1] - waits[0] > 800,
+        "retries that failed together came back together: {waits:?}"
+    );
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(1)).await.is_none(),
+        "each once"
+    );
 }

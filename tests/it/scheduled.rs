@@ -65,14 +65,23 @@ async fn x_delay_delivers_once_after_exactly_that_delay() {
         assert!(waited >= Duration::from_millis(delay), "{id}: {waited:?} < {delay} ms");
         assert!(waited < Duration::from_millis(delay) + LATE, "{id}: {waited:?}");
         let h = headers_of(&d);
-        assert!(h.get("retry-attempt").is_none(), "a scheduled delivery is no retry: {h:?}");
-        assert!(h.get("x-delay").is_none() && h.get("retry-scheduled").is_none(), "{h:?}");
+        assert!(
+            h.get("retry-attempt").is_none(),
+            "a scheduled delivery is no retry: {h:?}"
+        );
+        assert!(
+            h.get("x-delay").is_none() && h.get("retry-scheduled").is_none(),
+            "{h:?}"
+        );
         assert_eq!(d.body, id.as_bytes());
         consumer.ack(&d);
         order.push(id);
     }
     assert_eq!(order, ["soon", "middle", "late"]);
-    assert!(next_within(&mut consumer, Duration::from_secs(2)).await.is_none(), "delivered once");
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(2)).await.is_none(),
+        "delivered once"
+    );
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
 }
 
@@ -82,7 +91,10 @@ async fn a_time_in_the_past_delivers_at_once_and_an_absurd_one_is_parked() {
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let mut consumer = t.consume(&orders).await;
     let sent = Instant::now();
-    let past = scheduled("past", &[("retry-to", text(&orders)), ("delay-until", ms(now_ms() - 60_000))]);
+    let past = scheduled(
+        "past",
+        &[("retry-to", text(&orders)), ("delay-until", ms(now_ms() - 60_000))],
+    );
     t.publish(&t.intake(), "", b"past", past).await;
     let d = next(&mut consumer).await;
     assert_eq!(message_id(&d), "past");
@@ -96,8 +108,13 @@ async fn a_time_in_the_past_delivers_at_once_and_an_absurd_one_is_parked() {
         ("next-year", "delay-until", ms(now_ms() + 365 * 24 * 3600 * 1000)),
     ];
     for (id, key, value) in &absurd {
-        t.publish(&t.intake(), "", b"?", scheduled(id, &[("retry-to", text(&orders)), (key, value.clone())]))
-            .await;
+        t.publish(
+            &t.intake(),
+            "",
+            b"?",
+            scheduled(id, &[("retry-to", text(&orders)), (key, value.clone())]),
+        )
+        .await;
     }
     let parked = t.parked(absurd.len()).await;
     for (envelope, (id, key, _)) in parked.iter().zip(&absurd) {
@@ -106,7 +123,10 @@ async fn a_time_in_the_past_delivers_at_once_and_an_absurd_one_is_parked() {
         assert!(envelope.detail.contains(key), "{id}: {}", envelope.detail);
         assert_eq!(envelope.destination.as_deref(), Some(orders.as_str()));
     }
-    assert!(next_within(&mut consumer, Duration::from_secs(1)).await.is_none(), "none delivered");
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(1)).await.is_none(),
+        "none delivered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,17 +147,26 @@ async fn an_exchange_target_gets_the_routing_key_and_unroutable_or_disallowed_ar
 
     let to_events = |id: &str| scheduled(id, &[("retry-to-exchange", text(&events)), ("x-delay", ms(400))]);
     let sent = Instant::now();
-    t.publish(&t.intake(), "order.created", b"e1", to_events("routed")).await;
+    t.publish(&t.intake(), "order.created", b"e1", to_events("routed"))
+        .await;
     let d = next(&mut consumer).await;
     assert_eq!(message_id(&d), "routed");
-    assert_eq!(d.routing_key.to_str().unwrap(), "order.created", "the key it was published with");
+    assert_eq!(
+        d.routing_key.to_str().unwrap(),
+        "order.created",
+        "the key it was published with"
+    );
     assert!(sent.elapsed() >= Duration::from_millis(400), "{:?}", sent.elapsed());
     consumer.ack(&d);
 
     // a key nothing is bound to: returned, parked
-    t.publish(&t.intake(), "order.deleted", b"e2", to_events("unroutable")).await;
+    t.publish(&t.intake(), "order.deleted", b"e2", to_events("unroutable"))
+        .await;
     // an exchange outside allow_exchanges
-    let other = scheduled("elsewhere", &[("retry-to-exchange", text("amq.topic")), ("x-delay", ms(100))]);
+    let other = scheduled(
+        "elsewhere",
+        &[("retry-to-exchange", text("amq.topic")), ("x-delay", ms(100))],
+    );
     t.publish(&t.intake(), "order.created", b"e3", other).await;
     let parked = t.parked(2).await;
     let reason_of = |id: &str| {
@@ -196,14 +225,30 @@ async fn a_cancellation_from_the_cli_or_the_api_reaches_every_replica_before_it_
         Some((next, waiting))
     })
     .await;
-    assert!(next_out <= due_by && next_out + 4_100 >= due_by, "next leave {next_out}, due by {due_by}");
-    assert!((1..=3).contains(&waiting), "{waiting} (the service or the replica took them)");
-    let out = run_ladder(&t.config_path(), &["scheduled", "cancel", "by-cli", "--by", "carol"], &[]).await;
+    assert!(
+        next_out <= due_by && next_out + 4_100 >= due_by,
+        "next leave {next_out}, due by {due_by}"
+    );
+    assert!(
+        (1..=3).contains(&waiting),
+        "{waiting} (the service or the replica took them)"
+    );
+    let out = run_ladder(
+        &t.config_path(),
+        &["scheduled", "cancel", "by-cli", "--by", "carol"],
+        &[],
+    )
+    .await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("cancelled by-cli"));
 
     let url = admin.url(&format!("/api/ladders/{}/scheduled/cancel", t.ladder));
-    let refused = http.post(&url).json(&json!({"message_id": "by-api"})).send().await.unwrap();
+    let refused = http
+        .post(&url)
+        .json(&json!({"message_id": "by-api"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status().as_u16(), 401, "a cancel needs a token");
     let answer = http
         .post(&url)
@@ -225,12 +270,18 @@ async fn a_cancellation_from_the_cli_or_the_api_reaches_every_replica_before_it_
         .iter()
         .map(|e| {
             assert_eq!(e.reason, "cancelled", "{}", e.detail);
-            e.message.properties["message_id"].as_str().unwrap_or_default().to_string()
+            e.message.properties["message_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
         })
         .collect();
     cancelled.sort();
     assert_eq!(cancelled, ["by-api", "by-cli"]);
-    assert!(next_within(&mut consumer, Duration::from_secs(2)).await.is_none(), "neither delivered");
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(2)).await.is_none(),
+        "neither delivered"
+    );
     admin.stop().await;
 }
 
@@ -243,12 +294,17 @@ async fn a_cancellation_racing_the_due_time_has_exactly_one_outcome() {
     let n = 40u64;
     for i in 0..n {
         // due 1.0 s … 1.39 s from now; cancelled at about 1.2 s: some before, some after
-        let props = scheduled(&format!("r{i}"), &[("retry-to", text(&orders)), ("x-delay", ms(1_000 + 10 * i))]);
+        let props = scheduled(
+            &format!("r{i}"),
+            &[("retry-to", text(&orders)), ("x-delay", ms(1_000 + 10 * i))],
+        );
         t.publish(&t.intake(), "", b"r", props).await;
     }
     tokio::time::sleep(Duration::from_millis(1_150)).await;
     for i in 0..n {
-        ladder::broker::cancels::cancel(&t.client, &names, &format!("r{i}"), "race").await.unwrap();
+        ladder::broker::cancels::cancel(&t.client, &names, &format!("r{i}"), "race")
+            .await
+            .unwrap();
     }
     let mut outcomes: HashMap<String, Vec<&str>> = HashMap::new();
     let deadline = Instant::now() + WAIT;
@@ -256,7 +312,10 @@ async fn a_cancellation_racing_the_due_time_has_exactly_one_outcome() {
     while Instant::now() < deadline {
         match next_within(&mut consumer, Duration::from_secs(3)).await {
             Some(d) => {
-                outcomes.entry(message_id(&d).to_string()).or_default().push("delivered");
+                outcomes
+                    .entry(message_id(&d).to_string())
+                    .or_default()
+                    .push("delivered");
                 consumer.ack(&d);
                 delivered += 1;
             }
@@ -267,12 +326,20 @@ async fn a_cancellation_racing_the_due_time_has_exactly_one_outcome() {
     for e in &parked {
         assert_eq!(e.reason, "cancelled");
         outcomes
-            .entry(e.message.properties["message_id"].as_str().unwrap_or_default().to_string())
+            .entry(
+                e.message.properties["message_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
             .or_default()
             .push("cancelled");
     }
     assert_eq!(outcomes.len() as u64, n, "every message has an outcome: {outcomes:?}");
-    assert!(outcomes.values().all(|o| o.len() == 1), "exactly one each: {outcomes:?}");
+    assert!(
+        outcomes.values().all(|o| o.len() == 1),
+        "exactly one each: {outcomes:?}"
+    );
     // nothing else parked: the stream's last record is the last of these
     tokio::time::sleep(Duration::from_millis(500)).await;
     let last = t.lot().end().await.unwrap();
@@ -314,11 +381,20 @@ async fn a_ladder_without_levels_parks_a_scheduled_delivery_and_refuses_a_cancel
     let mut t = TestLadder::start("dnolevels", "backoff = [\"1s\"]\nallow = [\"^{ns}-\"]").await;
     assert!(!t.config.ladders[0].exact_delays);
     let orders = t.declare_queue("orders", FieldTable::default()).await;
-    t.publish(&t.intake(), "", b"x", scheduled("x", &[("retry-to", text(&orders)), ("x-delay", ms(100))]))
-        .await;
+    t.publish(
+        &t.intake(),
+        "",
+        b"x",
+        scheduled("x", &[("retry-to", text(&orders)), ("x-delay", ms(100))]),
+    )
+    .await;
     let parked = t.parked(1).await;
     assert_eq!(parked[0].reason, "invalid-delay");
-    assert!(parked[0].detail.contains("exact_delays = false"), "{}", parked[0].detail);
+    assert!(
+        parked[0].detail.contains("exact_delays = false"),
+        "{}",
+        parked[0].detail
+    );
     let out = run_ladder(&t.config_path(), &["scheduled", "cancel", "x"], &[]).await;
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("exact_delays = false"));
