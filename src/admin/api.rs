@@ -28,8 +28,9 @@ use axum::Json;
 use axum::extract::{Path, Query, State as Extract};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 use tracing::warn;
 
@@ -37,6 +38,7 @@ use crate::admin::desk::{Job, JobView};
 use crate::admin::state::AdminState;
 use crate::broker::lot::{ErrorKind, Page, PageRequest, ParkingError, ReplayOptions};
 use crate::config::OperatorToken;
+use crate::model::lot::edit::Edit;
 use crate::model::lot::filter::{Filter, FilterInput};
 use crate::model::lot::index::Counts;
 use crate::model::lot::record::ParkedEntry;
@@ -601,6 +603,7 @@ pub(crate) async fn replay(
             .map_err(ParkingError::from)?,
         dry_run: request.dry_run,
         by,
+        edit: None,
     };
     let wait = job_wait(request.wait.as_deref())?;
     let filter = request.filter()?;
@@ -621,6 +624,149 @@ pub(crate) async fn discard(
     let wait = job_wait(request.wait.as_deref())?;
     let filter = request.filter()?;
     let job = state.desk.discard(&ladder, filter, by)?;
+    job_response(&state, &job, wait).await
+}
+
+/// `POST …/parked/{offset}/edit-replay`: what to change before replaying one entry. Every
+/// field is named, so a misspelt one is refused rather than ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EditRequest {
+    /// The headers to replay with, replacing the original's, in the envelope's typed form
+    /// (what `GET …/parked/{offset}` shows under `envelope.message.properties.headers`).
+    #[serde(default)]
+    pub(crate) headers: Option<Value>,
+    /// Headers to set to a text value (after `headers`).
+    #[serde(default)]
+    pub(crate) set_headers: BTreeMap<String, String>,
+    /// The body to replay with, as UTF-8 text.
+    #[serde(default)]
+    pub(crate) body: Option<String>,
+    /// The body to replay with, as standard base64 (for bytes that are not text).
+    #[serde(default)]
+    pub(crate) body_base64: Option<String>,
+    /// Another queue to send to.
+    #[serde(default)]
+    pub(crate) to: Option<String>,
+    /// How long to wait for the job before answering 202.
+    #[serde(default)]
+    pub(crate) wait: Option<String>,
+}
+
+impl EditRequest {
+    /// The edit asked for, checked for form (its values are checked against the entry by
+    /// [`check_edit`]).
+    pub(crate) fn edit(&self, max_header_bytes: usize) -> Result<Edit, ParkingError> {
+        let headers = self
+            .headers
+            .as_ref()
+            .map(crate::model::envelope::table_from_json)
+            .transpose()
+            .map_err(|e| ParkingError::Invalid(format!("headers: {e}")))?;
+        let body = match (&self.body, &self.body_base64) {
+            (Some(_), Some(_)) => {
+                return Err(ParkingError::Invalid("give body or body_base64, not both".into()));
+            }
+            (Some(text), None) => Some(text.as_bytes().to_vec()),
+            (None, Some(b64)) => Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| ParkingError::Invalid(format!("body_base64 is not base64: {e}")))?,
+            ),
+            (None, None) => None,
+        };
+        Ok(Edit {
+            headers,
+            set_headers: self.set_headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            body,
+            max_header_bytes,
+        })
+    }
+}
+
+/// Checks an edit of entry `offset` before a job is started, so a mistake is answered at once
+/// (400) with its reason rather than as a failed job: the entry exists and is unresolved, its
+/// properties decoded, the edit applies within the limits, and the queue it would go to
+/// (`to`, else a `retry-to` the edit sets, else the recorded destination) is one the ladder
+/// allows.
+pub(crate) async fn check_edit(
+    state: &AdminState,
+    ladder: &str,
+    offset: u64,
+    to: Option<&str>,
+    edit: &Edit,
+) -> Result<(), ParkingError> {
+    let entry = state.desk.show(ladder, offset).await?;
+    if let Some(r) = &entry.resolution {
+        return Err(ParkingError::Invalid(format!(
+            "entry {offset} is already resolved ({} by {}); an edit replays unresolved entries only",
+            match r.action {
+                crate::model::lot::record::Action::Replayed => "replayed",
+                crate::model::lot::record::Action::Discarded => "discarded",
+            },
+            r.by
+        )));
+    }
+    let properties = match entry.envelope.message.stored_properties()? {
+        crate::model::envelope::StoredProperties::Decoded(p) => p,
+        crate::model::envelope::StoredProperties::Raw(_) => {
+            return Err(ParkingError::Invalid(
+                "this entry's properties did not decode, so they cannot be edited; replay it unedited".into(),
+            ));
+        }
+    };
+    let headers = properties.headers.clone().unwrap_or_default();
+    let (edited, _, _) = edit
+        .apply(&headers, &entry.body()?)
+        .map_err(|e| ParkingError::Invalid(e.0))?;
+    let spec = state
+        .config
+        .ladders
+        .iter()
+        .find(|l| l.name == ladder)
+        .ok_or_else(|| ParkingError::UnknownLadder(ladder.to_string()))?;
+    let edited_to = crate::model::lot::edit::new_destination(&headers, &edited);
+    let target = to
+        .map(str::to_string)
+        .or(edited_to)
+        .or(entry.envelope.destination.clone());
+    let Some(queue) = target else {
+        return Err(ParkingError::Invalid(
+            "no destination is recorded; give another queue (to)".into(),
+        ));
+    };
+    let names = crate::model::names::Names::new(&state.config.namespace, ladder);
+    if let Some(problem) = crate::model::protocol::refuse_destination(spec, &names, &queue) {
+        return Err(ParkingError::Invalid(problem));
+    }
+    Ok(())
+}
+
+/// Edits one parked entry's headers or body and replays it; the entry keeps the original and
+/// its resolution records who edited what.
+pub(crate) async fn edit_replay(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(EntryPath { ladder, offset }): ApiPath<EntryPath>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<EditRequest>,
+) -> Result<Response, ApiError> {
+    let by = caller(&state, &headers, &ladder, "edit-replay")?;
+    let edit = request.edit(state.config.limits.max_header_bytes)?;
+    let to = request.to.clone().filter(|t| !t.is_empty());
+    let wait = job_wait(request.wait.as_deref())?;
+    check_edit(&state, &ladder, offset, to.as_deref(), &edit).await?;
+    let options = ReplayOptions {
+        to,
+        rate: None,
+        dry_run: false,
+        by,
+        edit: Some(edit),
+    };
+    let filter = Filter {
+        offsets: Some([offset].into()),
+        ..Filter::default()
+    };
+    let job = state.desk.replay(&ladder, filter, options)?;
     job_response(&state, &job, wait).await
 }
 

@@ -146,6 +146,7 @@ fn paths() -> Value {
             "replayParked",
             "republish the selected unresolved entries to their queue (or `to`), as a job",
         )},
+        "/api/ladders/{ladder}/parked/{offset}/edit-replay": {"post": edit_replay()},
         "/api/ladders/{ladder}/parked/discard": {"post": action(
             "discardParked",
             "mark the selected unresolved entries as discarded, as a job",
@@ -318,6 +319,30 @@ fn action(id: &str, summary: &str) -> Value {
     })
 }
 
+/// Edit one entry's headers or body, then replay it: a job of one entry.
+fn edit_replay() -> Value {
+    let mut op = action(
+        "editReplayParked",
+        "change one unresolved entry's headers or body, then republish it; the entry keeps the original",
+    );
+    op["description"] = json!(format!(
+        "Replays the entry with the edit applied: `headers` replaces the original's (in the envelope's \
+         typed form, as `GET …/parked/{{offset}}` shows them), then `set_headers` sets text values; \
+         `body` (text) or `body_base64` replaces the body. The edit must change something, keep the \
+         headers within limits.max_header_bytes and send the message to a queue the ladder allows \
+         (`to`, else a `retry-to` the edit sets, else the recorded destination); else 400 with the \
+         reason, before anything is sent. The entry is resolved as replayed, and its resolution's \
+         `edit` names the caller's token, the header keys added, removed and changed, and the body's \
+         length and SHA-256 before and after. The request waits for the job up to `wait` (default and \
+         at most {} s).",
+        JOB_WAIT.as_secs()
+    ));
+    op["parameters"] = json!([{"$ref": "#/components/parameters/ladder"}, {"$ref": "#/components/parameters/offset"}]);
+    op["requestBody"]["content"]["application/json"]["schema"] = json!({"$ref": "#/components/schemas/Edit"});
+    op["responses"]["409"] = error("another replay or discard of the ladder runs");
+    op
+}
+
 /// An error answer.
 fn error(description: &str) -> Value {
     json!({
@@ -473,7 +498,44 @@ fn schemas() -> Value {
             "by": {"type": "string"},
             "at_ms": count(),
             "to": {"type": "string"},
-        }), &["to"]),
+            "edit": {"$ref": "#/components/schemas/EditAudit"},
+        }), &["to", "edit"]),
+        "EditAudit": {
+            "type": "object",
+            "additionalProperties": false,
+            "description": "what an edit before replay changed: header keys, and the body's length and SHA-256",
+            "properties": {
+                "headers_added": {"type": "array", "items": {"type": "string"}},
+                "headers_removed": {"type": "array", "items": {"type": "string"}},
+                "headers_changed": {"type": "array", "items": {"type": "string"}},
+                "body": object(json!({
+                    "from_bytes": count(),
+                    "from_sha256": {"type": "string"},
+                    "to_bytes": count(),
+                    "to_sha256": {"type": "string"},
+                }), &[]),
+            },
+        },
+        "Edit": {
+            "type": "object",
+            "additionalProperties": false,
+            "description": "what to change before replaying one entry; at least one of headers, set_headers, \
+                body, body_base64, and it must change something",
+            "properties": {
+                "headers": {"description": "the headers to replay with, replacing the original's, typed as \
+                    the entry shows them: an object of {\"type\", \"value\"} (or an array of [key, value] pairs)",
+                    "oneOf": [{"type": "object"}, {"type": "array"}]},
+                "set_headers": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "headers set to a text value, after headers"},
+                "body": {"type": "string", "description": "the body as UTF-8 text"},
+                "body_base64": {"type": "string", "description": "the body as standard base64"},
+                "to": {"type": "string", "description": "another queue; it must pass the ladder's allow list"},
+                "wait": {"type": "string", "description": format!(
+                    "how long the request waits for the job, a duration (at most and by default {} s)",
+                    JOB_WAIT.as_secs()
+                )},
+            },
+        },
     });
     let more = json!({
         "Action": {

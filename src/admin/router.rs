@@ -32,6 +32,10 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/api/ladders/{ladder}/parked/jobs/{id}", get(api::job))
         .route("/api/ladders/{ladder}/parked/{offset}", get(api::show))
         .route("/api/ladders/{ladder}/parked/{offset}/body", get(api::body))
+        .route(
+            "/api/ladders/{ladder}/parked/{offset}/edit-replay",
+            post(api::edit_replay),
+        )
         .route("/api/ladders/{ladder}/scheduled/cancel", post(api::cancel))
         .route("/", get(web::overview))
         .route("/ladders/{ladder}/parked", get(web::list))
@@ -42,6 +46,10 @@ pub fn router(state: Arc<AdminState>) -> Router {
         )
         .route("/static/ladder.css", get(web::stylesheet))
         .route("/ladders/{ladder}/parked/{offset}", get(web::entry))
+        .route(
+            "/ladders/{ladder}/parked/{offset}/edit",
+            get(web::edit_form).post(web::edit_and_replay),
+        )
         .route(
             "/ladders/{ladder}/parked/{offset}/{action}",
             get(web::confirm_one).post(web::act_on_one),

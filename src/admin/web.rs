@@ -588,7 +588,8 @@ fn describe(e: &ParkedEntry) -> String {
         None => "unresolved".into(),
         Some(r) => match r.action {
             crate::model::lot::record::Action::Replayed => format!(
-                "replayed to {} by {} at {}",
+                "replayed{} to {} by {} at {}",
+                if r.edit.is_some() { " edited" } else { "" },
                 printable(r.to.as_deref().unwrap_or("?")),
                 printable(&r.by),
                 format_time(r.at_ms)
@@ -615,7 +616,10 @@ fn summary(ladder: &str, e: &ParkedEntry) -> Markup {
                 "exchange " code { (printable(shown(&v.message.exchange, "(default)"))) }
                 ", routing key " code { (printable(shown(&v.message.routing_key, "(empty)"))) }
             } }
-            tr { th { "Resolution" } td #resolution { (describe(e)) } }
+            tr { th { "Resolution" } td #resolution {
+                (describe(e))
+                @if e.resolution.as_ref().is_some_and(|r| r.edit.is_some()) { " · " a #edit-link href="#edit" { "see the edit" } }
+            } }
         }
     }
 }
@@ -638,8 +642,26 @@ fn entry_page(ladder: &str, e: &ParkedEntry) -> Html<String> {
         p { a href={ "/ladders/" (ladder) "/parked" } { "← all parked messages" } }
         (summary(ladder, e))
         @if e.resolution.is_none() {
-            p { a #replay href={ "/ladders/" (ladder) "/parked/" (offset) "/replay" } { "Replay…" } " · "
+            p .actions { a #replay href={ "/ladders/" (ladder) "/parked/" (offset) "/replay" } { "Replay…" }
+                a #edit-replay href={ "/ladders/" (ladder) "/parked/" (offset) "/edit" } { "Edit and replay…" }
                 a #discard href={ "/ladders/" (ladder) "/parked/" (offset) "/discard" } { "Discard…" } }
+        }
+        @if let Some((r, edit)) = e.resolution.as_ref().and_then(|r| r.edit.as_ref().map(|edit| (r, edit))) {
+            section #edit .edit-audit {
+                h2 { "Edited before replay" }
+                p { "By " b .editor { (printable(&r.by)) } " at " (format_time(r.at_ms)) "; this entry keeps the original below." }
+                table #edit-audit {
+                    @if !edit.headers_added.is_empty() { tr { th { "Headers added" } td { (printable(&edit.headers_added.join(", "))) } } }
+                    @if !edit.headers_removed.is_empty() { tr { th { "Headers removed" } td { (printable(&edit.headers_removed.join(", "))) } } }
+                    @if !edit.headers_changed.is_empty() { tr { th { "Headers changed" } td { (printable(&edit.headers_changed.join(", "))) } } }
+                    @if let Some(b) = &edit.body {
+                        tr { th { "Body" } td {
+                            (b.from_bytes) " bytes (SHA-256 " code { (printable(&b.from_sha256)) } ") → "
+                            (b.to_bytes) " bytes (SHA-256 " code { (printable(&b.to_sha256)) } ")"
+                        } }
+                    }
+                }
+            }
         }
         h2 { "Attempt history" }
         @if let Some(from) = &e.envelope.replayed_from { p #replayed-from { "Replayed from " code { (printable(from)) } } }
@@ -736,6 +758,181 @@ fn body_view(e: &ParkedEntry) -> Markup {
             }
         }
         Err(err) => html! { p #body .error { (err) } },
+    }
+}
+
+/// The largest body the edit form offers to edit in the page; a larger one is edited through
+/// the API (`POST …/edit-replay`), whose request bound is [`crate::admin::guard::MAX_BODY_BYTES`].
+const EDITABLE_BODY_BYTES: usize = 64 * 1024;
+
+/// `GET /ladders/{ladder}/parked/{offset}/edit`: the edit-and-replay form.
+pub(crate) async fn edit_form(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset)): Path<(String, u64)>,
+) -> Response {
+    match state.desk.show(&ladder, offset).await {
+        Ok(e) => edit_page(&ladder, &e, None, None).into_response(),
+        Err(e) => parking_error(&e),
+    }
+}
+
+/// What the edit form was last submitted with, to show again beside an error.
+struct Submitted {
+    headers: String,
+    body: String,
+    encoding: String,
+    to: String,
+}
+
+/// The form: the headers as the envelope's typed JSON, the body as text (or base64 for bytes),
+/// the queue, the token.
+fn edit_page(ladder: &str, e: &ParkedEntry, submitted: Option<&Submitted>, error: Option<&str>) -> Html<String> {
+    let offset = e.offset;
+    let headers = e
+        .envelope
+        .message
+        .properties
+        .get("headers")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    let body = e.body().ok();
+    let too_large = body.as_ref().is_some_and(|b| b.len() > EDITABLE_BODY_BYTES);
+    let (body_text, encoding) = match &body {
+        Some(bytes) if !too_large => match std::str::from_utf8(bytes) {
+            Ok(text) => (text.to_string(), "text"),
+            Err(_) => (
+                base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes),
+                "base64",
+            ),
+        },
+        _ => (String::new(), "text"),
+    };
+    let shown = match submitted {
+        Some(s) => Submitted {
+            headers: s.headers.clone(),
+            body: s.body.clone(),
+            encoding: s.encoding.clone(),
+            to: s.to.clone(),
+        },
+        None => Submitted {
+            headers: serde_json::to_string_pretty(&headers).unwrap_or_default(),
+            body: body_text,
+            encoding: encoding.into(),
+            to: e.envelope.destination.clone().unwrap_or_default(),
+        },
+    };
+    let body = html! {
+        (summary(ladder, e))
+        @if let Some(error) = error { p #outcome .error { "Not done: " (error) } }
+        @if e.resolution.is_some() {
+            p .error { "This entry is resolved; only an unresolved entry can be edited and replayed." }
+        } @else {
+            form #confirm .edit method="post" action={ "/ladders/" (segment(ladder)) "/parked/" (offset) "/edit" } {
+                p { "Change what you need, then replay the edited message with a fresh attempt count. "
+                    "The parked entry keeps the original; its resolution records who edited which headers and the body's size and SHA-256." }
+                h2 { "Headers" }
+                p .muted { "As the entry stores them: each key's AMQP type and value (" code { "{\"type\": \"longstr\", \"value\": \"…\"}" } "). "
+                    "The retry-* headers the replay sets itself cannot be changed." }
+                textarea #edit-headers name="headers" rows="10" spellcheck="false" { (shown.headers) }
+                h2 { "Body" }
+                @if too_large {
+                    p .muted { "The body is over " (EDITABLE_BODY_BYTES / 1024) " KiB: leave this empty to keep it, or edit it through the API (POST …/edit-replay)." }
+                }
+                p {
+                    label { input type="radio" name="body_encoding" value="text" checked[shown.encoding == "text"]; " text (UTF-8)" } " "
+                    label { input type="radio" name="body_encoding" value="base64" checked[shown.encoding == "base64"]; " base64" }
+                }
+                // a textarea drops one leading line break: double it so a body's own survives
+                textarea #edit-body name="body" rows="8" spellcheck="false" {
+                    @if shown.body.starts_with('\n') { "\n" } (shown.body)
+                }
+                p {
+                    label { "Queue " input #edit-to type="text" name="to" value=(shown.to); } " "
+                    (token_field()) " "
+                    button #confirm-button type="submit" { "Replay edited" }
+                }
+            }
+        }
+        p { a href={ "/ladders/" (segment(ladder)) "/parked/" (offset) } { "Cancel" } }
+    };
+    page(&format!("Edit and replay entry {offset}"), body)
+}
+
+/// `POST /ladders/{ladder}/parked/{offset}/edit`: checks the edit, then replays it as a job.
+pub(crate) async fn edit_and_replay(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path((ladder, offset)): Path<(String, u64)>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let by = match caller(&state, take(&mut pairs, "token").as_deref(), &ladder, "edit-replay") {
+        Ok(by) => by,
+        Err(why) => return refused(why, &format!("/ladders/{}/parked/{offset}/edit", segment(&ladder))),
+    };
+    let raw = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let submitted = Submitted {
+        headers: raw("headers"),
+        body: raw("body"),
+        encoding: raw("body_encoding"),
+        to: raw("to"),
+    };
+    let entry = match state.desk.show(&ladder, offset).await {
+        Ok(entry) => entry,
+        Err(e) => return parking_error(&e),
+    };
+    let again = |status: StatusCode, error: &str| {
+        (status, edit_page(&ladder, &entry, Some(&submitted), Some(error))).into_response()
+    };
+    let headers = match serde_json::from_str::<Value>(&submitted.headers) {
+        Ok(v) => v,
+        Err(e) => return again(StatusCode::BAD_REQUEST, &format!("the headers are not JSON: {e}")),
+    };
+    let original = entry.body().map(|b| b.into_owned()).unwrap_or_default();
+    let mut request = api::EditRequest {
+        headers: Some(headers),
+        ..api::EditRequest::default()
+    };
+    match submitted.encoding.as_str() {
+        // a large body the form did not offer, left empty: kept
+        _ if submitted.body.is_empty() && original.len() > EDITABLE_BODY_BYTES => {}
+        "base64" => request.body_base64 = Some(submitted.body.clone()),
+        _ => {
+            // browsers send a textarea's line breaks as CRLF: keep the original's LF
+            let text = if original.contains(&b'\r') {
+                submitted.body.clone()
+            } else {
+                submitted.body.replace("\r\n", "\n")
+            };
+            request.body = Some(text);
+        }
+    }
+    let edit = match request.edit(state.config.limits.max_header_bytes) {
+        Ok(edit) => edit,
+        Err(e) => return again(api::ApiError::status(&e), &e.to_string()),
+    };
+    let to = Some(submitted.to.trim().to_string()).filter(|t| !t.is_empty());
+    if let Err(e) = api::check_edit(&state, &ladder, offset, to.as_deref(), &edit).await {
+        return again(api::ApiError::status(&e), &e.to_string());
+    }
+    let options = ReplayOptions {
+        to,
+        rate: None,
+        dry_run: false,
+        by,
+        edit: Some(edit),
+    };
+    let filter = Filter {
+        offsets: Some([offset].into()),
+        ..Filter::default()
+    };
+    match state.desk.replay(&ladder, filter, options) {
+        Ok(job) => job_answer(&state, &job, Some(offset)).await,
+        Err(e) => parking_error(&e),
     }
 }
 
@@ -836,6 +1033,7 @@ pub(crate) async fn act_on_one(
             rate: None,
             dry_run: false,
             by,
+            edit: None,
         };
         state.desk.replay(&ladder, filter, options)
     } else {
@@ -1019,6 +1217,7 @@ pub(crate) async fn act_on_matching(
             rate,
             dry_run: false,
             by,
+            edit: None,
         };
         state.desk.replay(&ladder, q.filter, options)
     } else {

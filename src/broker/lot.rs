@@ -42,6 +42,7 @@ use crate::broker::topology::Names;
 use crate::clock::now_ms;
 use crate::config::AmqpConfig;
 use crate::model::lot::Invalid;
+use crate::model::lot::edit::{Edit, EditAudit};
 use crate::model::lot::filter::Filter;
 use crate::model::lot::pace::{Pacer, Rate};
 use crate::model::lot::record::{Action, MARKER_FORMAT, Marker, ParkedEntry, RESOLUTION_FORMAT, Resolution};
@@ -278,6 +279,19 @@ pub struct ReplayOptions {
     pub dry_run: bool,
     /// Who asked, recorded in the resolution and logged.
     pub by: String,
+    /// Change the headers or body before replaying (one entry only); the entry keeps the
+    /// original, and the resolution records what changed ([`EditAudit`]).
+    pub edit: Option<Edit>,
+}
+
+/// The queue `edit` sends `entry` to by changing its `retry-to`, if it does.
+fn edited_destination(edit: &Edit, entry: &ParkedEntry) -> Option<String> {
+    let StoredProperties::Decoded(properties) = entry.envelope.message.stored_properties().ok()? else {
+        return None;
+    };
+    let original = properties.headers.clone().unwrap_or_default();
+    let (edited, _, _) = edit.apply(&original, &[]).ok()?;
+    crate::model::lot::edit::new_destination(&original, &edited)
 }
 
 /// What happened to one entry of a replay or a discard.
@@ -798,8 +812,18 @@ impl<'a> ParkingLot<'a> {
         };
         let mut pacer = options.rate.map(Pacer::new);
         let mut outcomes = Vec::with_capacity(entries.len());
+        if options.edit.is_some() && entries.len() > 1 {
+            return Err(ParkingError::Invalid(format!(
+                "an edit applies to one entry; {} were selected",
+                entries.len()
+            )));
+        }
         for entry in entries {
-            let target = options.to.clone().or_else(|| entry.envelope.destination.clone());
+            let target = options
+                .to
+                .clone()
+                .or_else(|| options.edit.as_ref().and_then(|edit| edited_destination(edit, entry)))
+                .or_else(|| entry.envelope.destination.clone());
             let fail = |error: String| Outcome {
                 offset: entry.offset,
                 to: target.clone(),
@@ -817,7 +841,7 @@ impl<'a> ParkingLot<'a> {
                 push(&mut outcomes, on_outcome, fail(problem));
                 continue;
             }
-            let (body, properties) = match self.replayed_message(entry, &queue).await {
+            let (body, properties, edit) = match self.replayed_message(entry, &queue, options.edit.as_ref()).await {
                 Ok(message) => message,
                 Err(e) => {
                     push(&mut outcomes, on_outcome, fail(e.to_string()));
@@ -848,11 +872,20 @@ impl<'a> ParkingLot<'a> {
             };
             let status = match published {
                 Confirmation::Ack => {
-                    let resolution = self.resolution(entry.offset, Action::Replayed, &options.by, Some(&queue));
+                    let mut resolution = self.resolution(entry.offset, Action::Replayed, &options.by, Some(&queue));
+                    resolution.edit = edit;
                     match self.append(channel, &resolution).await {
                         Ok(()) => {
                             index.write().resolve(&resolution);
-                            info!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by, "replayed a parked message");
+                            match &resolution.edit {
+                                Some(edit) => {
+                                    info!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by,
+                                                    edit = %edit.summary(), "replayed a parked message, edited")
+                                }
+                                None => {
+                                    info!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by, "replayed a parked message")
+                                }
+                            }
                             Status::Replayed
                         }
                         Err(e) => {
@@ -937,18 +970,34 @@ impl<'a> ParkingLot<'a> {
         Ok(outcomes)
     }
 
-    /// The body and properties to replay `entry` to `queue` with. Properties stored as bytes
-    /// (they did not decode) are replayed as they are: there is nothing to rewrite in them.
+    /// The body and properties to replay `entry` to `queue` with, `edit` applied (and what it
+    /// changed). Properties stored as bytes (they did not decode) are replayed as they are:
+    /// there is nothing to rewrite in them, and nothing to edit.
     async fn replayed_message(
         &self,
         entry: &ParkedEntry,
         queue: &str,
-    ) -> Result<(Vec<u8>, StoredProperties), ParkingError> {
+        edit: Option<&Edit>,
+    ) -> Result<(Vec<u8>, StoredProperties, Option<EditAudit>), ParkingError> {
         let message = &entry.envelope.message;
-        let original = match message.stored_properties()? {
+        let mut original = match message.stored_properties()? {
             StoredProperties::Decoded(original) => *original,
-            raw @ StoredProperties::Raw(_) => return Ok((self.body(entry).await?, raw)),
+            raw @ StoredProperties::Raw(_) if edit.is_none() => return Ok((self.body(entry).await?, raw, None)),
+            StoredProperties::Raw(_) => {
+                return Err(ParkingError::Invalid(
+                    "this entry's properties did not decode, so they cannot be edited; replay it unedited".into(),
+                ));
+            }
         };
+        let mut body = self.body(entry).await?;
+        let mut audit = None;
+        if let Some(edit) = edit {
+            let headers = original.headers.clone().unwrap_or_default();
+            let (headers, edited_body, what) = edit.apply(&headers, &body).map_err(|e| ParkingError::Invalid(e.0))?;
+            original.headers = Some(headers);
+            body = edited_body;
+            audit = Some(what);
+        }
         let mut extra = vec![(
             header::RETRY_REPLAYED_FROM,
             long_string(&format!("{}@{}", self.names.parked, entry.offset)),
@@ -961,8 +1010,9 @@ impl<'a> ParkingLot<'a> {
             extra.push((header::RETRY_TO, long_string(queue)));
         }
         Ok((
-            self.body(entry).await?,
+            body,
             StoredProperties::Decoded(Box::new(protocol::replay_properties(&original, &extra))),
+            audit,
         ))
     }
 
@@ -1025,6 +1075,7 @@ impl<'a> ParkingLot<'a> {
             by: by.to_string(),
             at_ms: now_ms(),
             to: to.map(str::to_string),
+            edit: None,
         }
     }
 

@@ -354,6 +354,7 @@ async fn through_stream(
                     .map_err(parking::ParkingError::from)?,
                 dry_run,
                 by: by(who),
+                edit: None,
             };
             let progress = Progress::new(if dry_run { "checking" } else { "replaying" }, json);
             let (outcomes, left_over) = lot

@@ -289,6 +289,7 @@ async fn a_body_too_large_for_an_envelope_is_parked_apart_and_replays_whole() {
         rate: None,
         dry_run: false,
         by: "test".into(),
+        edit: None,
     };
     let outcomes = lot.replay(&index, &selection.entries, &options).await.unwrap();
     assert_eq!(

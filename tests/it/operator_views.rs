@@ -92,6 +92,7 @@ async fn late_lot(hint: &str) -> TestLadder {
         by: "ops".into(),
         at_ms: u64::MAX,
         to: None,
+        edit: None,
     };
     let records = vec![
         entry_at(&t, YEAR_10000_MS),

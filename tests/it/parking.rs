@@ -266,6 +266,7 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
         rate: Some(rate),
         dry_run: false,
         by: "test".into(),
+        edit: None,
     };
     let mut consumer = t.consume(&b).await;
     let receive = tokio::spawn(async move { (receive_timed(&mut consumer, MIX.to_b).await, consumer) });
@@ -508,6 +509,7 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
         rate: None,
         dry_run: false,
         by: "test".into(),
+        edit: None,
     };
     assert_eq!(
         lot.replay(&SharedIndex::default(), &entries, &options).await.unwrap()[0].status,

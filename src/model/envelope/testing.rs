@@ -416,6 +416,7 @@ pub(crate) fn resolution() -> impl Strategy<Value = Resolution> {
             by,
             at_ms,
             to,
+            edit: None,
         },
     )
 }
@@ -473,6 +474,7 @@ pub(crate) fn entry_at(ms: u64) -> ParkedEntry {
             by: "ops".into(),
             at_ms: ms,
             to: Some("orders".into()),
+            edit: None,
         }),
     }
 }
@@ -537,6 +539,7 @@ pub(crate) fn odd_entry() -> ParkedEntry {
             by: "o\u{1b}ps".into(),
             at_ms: 0,
             to: None,
+            edit: None,
         }),
     }
 }

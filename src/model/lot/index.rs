@@ -21,6 +21,7 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::model::lot::Invalid;
+use crate::model::lot::edit::EditAudit;
 use crate::model::lot::filter::Filter;
 use crate::model::lot::record::{Action, MARKER_FORMAT, Marker, RESOLUTION_FORMAT, Resolution};
 
@@ -615,6 +616,9 @@ pub struct LotIndex {
     reasons: Interner,
     people: Interner,
     resolutions: HashMap<u64, CompactResolution>,
+    /// The edit audits of replays that edited first, by the offset they resolve: an operator
+    /// edits one entry at a time by hand, so these stay few (and leave with their rows).
+    edits: HashMap<u64, Box<EditAudit>>,
     /// The offset after the last record applied.
     next: Option<u64>,
     /// The newest [`MARKERS_KEPT`] marker ids applied.
@@ -670,6 +674,7 @@ impl LotIndex {
                     && let Some(old) = self.rows.pop_front()
                 {
                     self.resolutions.remove(&old.offset);
+                    self.edits.remove(&old.offset);
                     self.dropped += 1;
                 }
                 self.rows.push_back(Row {
@@ -722,6 +727,10 @@ impl LotIndex {
         let newest = self.resolutions.get(&r.resolves).is_none_or(|old| old.at_ms <= r.at_ms);
         if newest {
             self.resolutions.insert(r.resolves, compact);
+            match &r.edit {
+                Some(edit) => self.edits.insert(r.resolves, Box::new(edit.clone())),
+                None => self.edits.remove(&r.resolves),
+            };
         }
     }
 
@@ -738,6 +747,7 @@ impl LotIndex {
             by: self.people.name(c.by).unwrap_or("?").to_string(),
             at_ms: c.at_ms,
             to: self.destinations.name(c.to).map(str::to_string),
+            edit: self.edits.get(&offset).map(|e| (**e).clone()),
         }))
     }
 
@@ -858,6 +868,7 @@ mod tests {
             by: "ops".into(),
             at_ms,
             to: (action == Action::Replayed).then(|| "orders".to_string()),
+            edit: None,
         })
     }
 

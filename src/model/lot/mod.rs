@@ -2,6 +2,7 @@
 //! them with, the index that answers counts and pages, paced replays, and the text operators
 //! read. The broker wing (`broker::lot`) reads and writes the stream.
 
+pub mod edit;
 pub mod filter;
 pub mod index;
 pub mod pace;

@@ -7,6 +7,7 @@ use ladder_amqp::FieldTable;
 use serde::{Deserialize, Serialize};
 
 use crate::model::envelope::{self, Envelope, EnvelopeError};
+use crate::model::lot::edit::EditAudit;
 
 /// The `type` property and `format` field of a resolution record.
 pub const RESOLUTION_FORMAT: &str = "ladder.resolution/v1";
@@ -54,6 +55,10 @@ pub struct Resolution {
     /// The queue it was replayed to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
+    /// For a replay edited first: what the edit changed (header keys, the body's length and
+    /// SHA-256); the entry itself keeps the original.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edit: Option<EditAudit>,
 }
 
 /// One parked message as read from the stream.
@@ -106,6 +111,7 @@ mod tests {
             by: "ops".into(),
             at_ms: 9,
             to: Some("orders".into()),
+            edit: None,
         };
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(

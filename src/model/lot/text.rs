@@ -465,6 +465,7 @@ mod tests {
             by: "ops".into(),
             at_ms: 0,
             to: None,
+            edit: None,
         });
         assert!(render_table(&[entry]).contains("discarded by ops"));
     }
