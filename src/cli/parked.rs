@@ -110,6 +110,13 @@ pub enum ParkedCommand {
         /// Only print what would be replayed.
         #[arg(long)]
         dry_run: bool,
+        /// Edit before replaying (one offset only): set header KEY to the text VALUE; may be
+        /// repeated. The entry keeps the original; its resolution records what changed.
+        #[arg(long, value_name = "KEY=VALUE")]
+        edit_header: Vec<String>,
+        /// Edit before replaying (one offset only): replay with this file's bytes as the body.
+        #[arg(long, value_name = "FILE")]
+        edit_body_file: Option<std::path::PathBuf>,
         /// Who asks, for the record and the log (default: $USER).
         #[arg(long)]
         by: Option<String>,
@@ -342,9 +349,24 @@ async fn through_stream(
             to,
             rate,
             dry_run,
+            edit_header,
+            edit_body_file,
             by: who,
             json,
         } => {
+            let edit = cli_edit(
+                &offsets,
+                &filter,
+                rate.is_some() || dry_run,
+                &edit_header,
+                edit_body_file.as_deref(),
+            )?
+            .map(|(set_headers, body)| ladder::model::lot::edit::Edit {
+                headers: None,
+                set_headers,
+                body,
+                max_header_bytes: config.limits.max_header_bytes,
+            });
             let filter = filter.build(&offsets)?;
             let options = parking::ReplayOptions {
                 to,
@@ -354,7 +376,7 @@ async fn through_stream(
                     .map_err(parking::ParkingError::from)?,
                 dry_run,
                 by: by(who),
-                edit: None,
+                edit,
             };
             let progress = Progress::new(if dry_run { "checking" } else { "replaying" }, json);
             let (outcomes, left_over) = lot
@@ -444,11 +466,45 @@ async fn through_service(
             to,
             rate,
             dry_run,
+            edit_header,
+            edit_body_file,
             by,
             json,
         } => {
             let token = token.context("replay through the API needs a token")?;
             refuse_by(by.as_deref())?;
+            if let Some((set_headers, body)) = cli_edit(
+                &offsets,
+                &filter,
+                rate.is_some() || dry_run,
+                &edit_header,
+                edit_body_file.as_deref(),
+            )? {
+                let mut request = serde_json::Map::new();
+                request.insert(
+                    "set_headers".into(),
+                    json!(set_headers.into_iter().collect::<BTreeMap<_, _>>()),
+                );
+                if let Some(body) = body {
+                    request.insert(
+                        "body_base64".into(),
+                        json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, body)),
+                    );
+                }
+                if let Some(to) = to {
+                    request.insert("to".into(), json!(to));
+                }
+                let progress = Progress::new("replaying", json);
+                let job = follow(
+                    service,
+                    &format!("{}/edit-replay", offsets[0]),
+                    token,
+                    request,
+                    &progress,
+                )
+                .await?;
+                return finish_job(job, json);
+            }
             not_everything(&filter.build(&offsets)?)?;
             if let Some(rate) = &rate {
                 rate.parse::<ladder::model::lot::pace::Rate>()
@@ -531,6 +587,53 @@ fn refuse_by(by: Option<&str>) -> Result<(), parking::ParkingError> {
 /// Starts a replay or discard on the service and follows its job to the end, the progress bar
 /// showing how far it is. Interrupting the command stops only the following: the job runs on in
 /// the service, and its URL is printed when it takes longer than the first request.
+/// The edit `--edit-header` and `--edit-body-file` ask for — the headers to set and the new
+/// body — or `None` when neither is given; refused unless exactly one offset and no filter,
+/// rate or dry run go with it.
+fn cli_edit(
+    offsets: &[u64],
+    filter: &FilterArgs,
+    paced_or_dry: bool,
+    headers: &[String],
+    body_file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<(Vec<(String, String)>, Option<Vec<u8>>)>> {
+    if headers.is_empty() && body_file.is_none() {
+        return Ok(None);
+    }
+    if offsets.len() != 1 || !filter.build(&[])?.is_empty() || paced_or_dry {
+        return Err(parking::ParkingError::Invalid(
+            "--edit-header and --edit-body-file edit one entry: give exactly one offset, and no filter, --rate or --dry-run"
+                .into(),
+        )
+        .into());
+    }
+    let mut set = Vec::with_capacity(headers.len());
+    for pair in headers {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(parking::ParkingError::Invalid(format!("--edit-header {pair:?} is not KEY=VALUE")).into());
+        };
+        set.push((key.to_string(), value.to_string()));
+    }
+    let body = match body_file {
+        Some(path) => {
+            let size = std::fs::metadata(path)
+                .with_context(|| format!("cannot read --edit-body-file {}", path.display()))?
+                .len();
+            if size > ladder::model::lot::edit::MAX_EDITED_BODY_BYTES as u64 {
+                return Err(parking::ParkingError::Invalid(format!(
+                    "--edit-body-file {} is {size} bytes; at most {} are accepted",
+                    path.display(),
+                    ladder::model::lot::edit::MAX_EDITED_BODY_BYTES
+                ))
+                .into());
+            }
+            Some(std::fs::read(path).with_context(|| format!("cannot read --edit-body-file {}", path.display()))?)
+        }
+        None => None,
+    };
+    Ok(Some((set, body)))
+}
+
 async fn follow(
     service: &Service,
     action: &str,
