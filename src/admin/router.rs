@@ -393,6 +393,129 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_stylesheet_is_served_cacheable_and_every_page_links_it() {
+        let f = fixture();
+        let response = router(f.state.clone())
+            .oneshot(
+                Request::builder()
+                    .uri("/static/ladder.css")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let headers = response.headers().clone();
+        assert_eq!(headers[header::CONTENT_TYPE], "text/css; charset=utf-8");
+        assert_eq!(headers[header::CACHE_CONTROL], "public, max-age=86400, immutable");
+        assert_eq!(headers[header::CONTENT_SECURITY_POLICY], guard::CONTENT_SECURITY_POLICY);
+        let css = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(css, web::STYLE.as_bytes());
+        for page in ["/", "/?refresh=off", "/ladders/nope/parked/1/edit"] {
+            let (_, _, body) = get(&f.state, page).await;
+            assert!(
+                body.contains("<link rel=\"stylesheet\" href=\"/static/ladder.css?v="),
+                "{page}: {body}"
+            );
+            assert!(
+                body.contains("<header class=\"bar\">") && !body.contains("<style"),
+                "{page}: {body}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_overview_draws_charts_says_the_accounting_in_words_and_refreshes_itself() {
+        let f = fixture();
+        let (_, _, before) = get(&f.state, "/").await;
+        assert!(
+            before.contains("no data yet") && before.contains("Not polled yet."),
+            "{before}"
+        );
+        assert!(
+            before.contains("<meta http-equiv=\"refresh\" content=\"10\">"),
+            "{before}"
+        );
+        assert!(!get(&f.state, "/?refresh=off").await.2.contains("http-equiv"));
+        let counters = Counters {
+            received_intake: 12_408,
+            delivered: 12_000,
+            ..Counters::default()
+        };
+        let mut lateness = [0; crate::metrics::LATENESS_BUCKETS + 1];
+        lateness[3] = 10;
+        let snapshot = Snapshot {
+            at: Instant::now(),
+            at_ms: 1_763_766_000_000,
+            broker_error: None,
+            ladders: vec![LadderSnapshot {
+                name: "orders".into(),
+                depths: Some(vec![("delay.1s".into(), Some(6)), ("delay.10s".into(), Some(1))]),
+                counters,
+                rates: None,
+                accounting: AccountingStatus {
+                    verdict: "balanced",
+                    anchored: true,
+                    missing: Some(0),
+                    unaccounted: 0,
+                },
+                next_leaves: Vec::new(),
+                lateness,
+            }],
+        };
+        f.state.history.lock().unwrap().record(&snapshot);
+        f.publish.send_replace(Some(Arc::new(snapshot)));
+        let (_, _, page) = get(&f.state, "/").await;
+        assert!(page.contains("All 12 408 messages accounted for."), "{page}");
+        assert!(page.contains("class=\"status accounting ok\""), "{page}");
+        assert_eq!(page.matches("<svg ").count(), 3, "three charts: {page}");
+        assert!(page.contains("in backoff steps: <b>7</b>"), "{page}");
+        assert!(page.contains("href=\"/ladders/orders/destinations\""), "{page}");
+    }
+
+    #[tokio::test]
+    async fn edit_and_replay_needs_a_configured_token_and_nothing_reaches_the_broker_without_one() {
+        let f = fixture();
+        let api = |auth: Option<&str>| {
+            let mut r = Request::builder()
+                .method("POST")
+                .uri("/api/ladders/orders/parked/7/edit-replay")
+                .header(header::CONTENT_TYPE, "application/json");
+            if let Some(auth) = auth {
+                r = r.header(header::AUTHORIZATION, auth);
+            }
+            r.body(Body::from("{\"set_headers\": {\"k\": \"v\"}}")).unwrap()
+        };
+        let (status, _, body) = send(&f.state, api(None)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        let (status, _, body) = send(&f.state, api(Some("Bearer 0123456789abcdef0123"))).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        let unknown = Request::builder()
+            .method("POST")
+            .uri("/api/ladders/orders/parked/7/edit-replay")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from("{\"hedaers\": {}}"))
+            .unwrap();
+        assert_eq!(
+            send(&f.state, unknown).await.0,
+            StatusCode::BAD_REQUEST,
+            "a misspelt field"
+        );
+        let form = Request::builder()
+            .method("POST")
+            .uri("/ladders/orders/parked/7/edit")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("headers=%7B%7D&body=x&token=0123456789abcdef0123"))
+            .unwrap();
+        let (status, _, body) = send(&f.state, form).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(
+            body.contains("id=\"back\" href=\"/ladders/orders/parked/7/edit\""),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
     async fn unknown_paths_are_404() {
         let f = fixture();
         assert_eq!(get(&f.state, "/nope").await.0, StatusCode::NOT_FOUND);

@@ -1256,6 +1256,160 @@ mod tests {
             .collect()
     }
 
+    fn status(verdict: &'static str, missing: Option<i64>, unaccounted: u64) -> AccountingStatus {
+        AccountingStatus {
+            verdict,
+            anchored: verdict != "unchecked",
+            missing,
+            unaccounted,
+        }
+    }
+
+    #[test]
+    fn the_accounting_reads_as_a_sentence() {
+        let at_12_04 = 1_763_726_640_000; // 2025-11-21T12:04:00Z
+        for (s, received, since, class, expected) in [
+            (
+                status("balanced", Some(0), 0),
+                12_408,
+                None,
+                "ok",
+                "All 12 408 messages accounted for.",
+            ),
+            (
+                status("balanced", Some(0), 0),
+                1,
+                None,
+                "ok",
+                "All 1 message accounted for.",
+            ),
+            (
+                status("anchored", None, 0),
+                1_000_000,
+                None,
+                "ok",
+                "Check started: all 1 000 000 messages accounted for.",
+            ),
+            (
+                status("unaccounted", Some(3), 3),
+                50,
+                Some(at_12_04),
+                "bad",
+                "3 messages unaccounted for since 12:04 UTC — see the runbook LadderUnaccountedMessages (README, Runbooks).",
+            ),
+            // still reported while traffic moves again
+            (
+                status("busy", Some(3), 3),
+                50,
+                Some(at_12_04),
+                "bad",
+                "3 messages unaccounted for since 12:04 UTC — see the runbook LadderUnaccountedMessages (README, Runbooks).",
+            ),
+            (
+                status("suspect", Some(2), 0),
+                50,
+                None,
+                "warn",
+                "2 messages not found at the last quiet poll; checking again before raising the alarm.",
+            ),
+            (
+                status("busy", Some(0), 0),
+                50,
+                None,
+                "ok",
+                "Messages are moving; at the last quiet poll every one was accounted for.",
+            ),
+        ] {
+            assert_eq!(
+                accounting_sentence(&s, received, since),
+                (class, expected.to_string()),
+                "{s:?}"
+            );
+        }
+        let (class, text) = accounting_sentence(&status("unchecked", None, 0), 0, None);
+        assert_eq!(class, "idle");
+        assert!(text.starts_with("Not checked yet"), "{text}");
+        let not_anchored = AccountingStatus {
+            anchored: false,
+            ..status("busy", None, 0)
+        };
+        assert_eq!(accounting_sentence(&not_anchored, 5, None).0, "idle");
+        for verdict in [
+            "balanced",
+            "anchored",
+            "rebased",
+            "suspect",
+            "unaccounted",
+            "busy",
+            "unchecked",
+        ] {
+            let (_, text) = accounting_sentence(&status(verdict, Some(1), 0), 7, None);
+            assert!(!text.contains(verdict) || verdict == "unaccounted", "{verdict}: {text}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_grouped_by_thousands() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(12_408), "12 408");
+        assert_eq!(grouped(1_000_000), "1 000 000");
+    }
+
+    #[test]
+    fn an_edited_replay_shows_who_changed_what_on_the_entry() {
+        use crate::model::lot::edit::{BodyChange, EditAudit};
+        let mut e = entry_at(1_763_726_640_000);
+        let mut resolution = e
+            .resolution
+            .clone()
+            .unwrap_or_else(|| crate::model::lot::record::Resolution {
+                format: crate::model::lot::record::RESOLUTION_FORMAT.into(),
+                resolves: e.offset,
+                action: crate::model::lot::record::Action::Replayed,
+                by: "x".into(),
+                at_ms: 1,
+                to: None,
+                edit: None,
+            });
+        resolution.action = crate::model::lot::record::Action::Replayed;
+        resolution.by = "alice<script>".into();
+        resolution.to = Some("orders".into());
+        resolution.edit = Some(EditAudit {
+            headers_added: vec!["region".into()],
+            headers_removed: Vec::new(),
+            headers_changed: vec!["tenant".into()],
+            body: Some(BodyChange {
+                from_bytes: 2,
+                from_sha256: "aa".into(),
+                to_bytes: 14,
+                to_sha256: "bb".into(),
+            }),
+        });
+        e.resolution = Some(resolution);
+        let page = entry_page("default", &e).0;
+        assert!(
+            page.contains("replayed edited to orders by alice&lt;script&gt;"),
+            "{page}"
+        );
+        assert!(page.contains("id=\"edit-link\" href=\"#edit\""), "{page}");
+        assert!(page.contains("<th>Headers added</th><td>region</td>"), "{page}");
+        assert!(page.contains("<th>Headers changed</th><td>tenant</td>"), "{page}");
+        assert!(
+            page.contains("2 bytes (SHA-256 <code>aa</code>) → 14 bytes (SHA-256 <code>bb</code>)"),
+            "{page}"
+        );
+        assert!(!page.contains("id=\"edit-replay\""), "a resolved entry offers no edit");
+        // the form of an unresolved one shows its headers as typed JSON, escaped
+        e.resolution = None;
+        let form = edit_page("default", &e, None, None).0;
+        assert!(
+            form.contains("id=\"edit-headers\"") && form.contains("&quot;type&quot;"),
+            "{form}"
+        );
+        assert!(form.contains("name=\"token\""), "the edit is confirmed with a token");
+    }
+
     #[test]
     fn times_out_of_range_show_as_the_number() {
         for ms in OUT_OF_RANGE_TIMES {

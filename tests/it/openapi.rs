@@ -404,6 +404,79 @@ async fn every_answer_of_the_admin_api_matches_its_openapi_description() {
         }
     }
 
+    // edit and replay: one done, one answered before its job ends, and the refusals
+    let edit = "/api/ladders/{ladder}/parked/{offset}/edit-replay";
+    let edit_of = |id: &str| format!("{parked}/{}/edit-replay", of(id));
+    let (status, edited, _) = c
+        .call(Call::post(
+            edit,
+            edit_of("m-1"),
+            json!({"set_headers": {"tenant": "t9"}, "body": "{\"order\": 1, \"fixed\": true}"}),
+            Some(ALICE),
+        ))
+        .await;
+    assert_eq!(
+        (status, edited["outcomes"][0]["status"].as_str()),
+        (200, Some("replayed")),
+        "{edited}"
+    );
+    let (_, entry, _) = c.call(Call::get(show, format!("{parked}/{}", of("m-1")))).await;
+    assert_eq!(
+        entry["resolution"]["edit"]["headers_changed"],
+        json!(["tenant"]),
+        "{entry}"
+    );
+    let (status, running, _) = c
+        .call(Call::post(
+            edit,
+            edit_of("m-2"),
+            json!({"body_base64": "eyJvcmRlciI6IDJ9Cg==", "wait": "0s"}),
+            Some(ALICE),
+        ))
+        .await;
+    assert_eq!(status, 202, "{running}");
+    let one_job = "/api/ladders/{ladder}/parked/jobs/{id}";
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, view, _) = c
+            .call(Call::get(one_job, running["status"].as_str().unwrap().to_string()))
+            .await;
+        if view["done"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the edit never ended: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let change = json!({"set_headers": {"tenant": "t8"}});
+    let (status, nothing, _) = c.call(Call::post(edit, edit_of("m-3"), json!({}), Some(ALICE))).await;
+    assert_eq!(status, 400, "{nothing}");
+    assert!(
+        nothing["error"].as_str().unwrap().contains("changes nothing"),
+        "{nothing}"
+    );
+    let (status, _, headers) = c.call(Call::post(edit, edit_of("m-3"), change.clone(), None)).await;
+    assert_eq!((status, headers["www-authenticate"].to_str().unwrap()), (401, "Bearer"));
+    c.call(Call::post(
+        edit,
+        edit_of("m-3"),
+        change.clone(),
+        Some("not-a-token-at-all-1234"),
+    ))
+    .await;
+    c.call(Call::post(
+        edit,
+        format!("{parked}/999999/edit-replay"),
+        change.clone(),
+        Some(ALICE),
+    ))
+    .await;
+    let mut unsupported = Call::post(edit, edit_of("m-3"), json!(null), Some(ALICE));
+    unsupported.body = Some(Body::Raw("text/plain", change.to_string().into_bytes()));
+    c.call(unsupported).await;
+    let mut too_large = Call::post(edit, edit_of("m-3"), json!(null), Some(ALICE));
+    too_large.body = Some(Body::Raw("application/json", vec![b' '; 300 * 1024]));
+    c.call(too_large).await;
+
     // acting: a dry run with a failure in it, a replay, a job that outlives its request, a
     // conflict meanwhile, the jobs, a discard
     let replay = "/api/ladders/{ladder}/parked/replay";
@@ -454,9 +527,17 @@ async fn every_answer_of_the_admin_api_matches_its_openapi_description() {
         ))
         .await;
     assert_eq!(status, 409, "{busy}");
+    let (status, busy, _) = c
+        .call(Call::post(
+            edit,
+            edit_of("m-4"),
+            json!({"set_headers": {"tenant": "t7"}, "to": queue}),
+            Some(ALICE),
+        ))
+        .await;
+    assert_eq!(status, 409, "{busy}");
     c.call(Call::get("/api/ladders/{ladder}/parked/jobs", format!("{parked}/jobs")))
         .await;
-    let one_job = "/api/ladders/{ladder}/parked/jobs/{id}";
     let deadline = Instant::now() + WAIT;
     loop {
         let (_, view, _) = c
