@@ -831,7 +831,7 @@ fn edit_page(ladder: &str, e: &ParkedEntry, submitted: Option<&Submitted>, error
                 p { "Change what you need, then replay the edited message with a fresh attempt count. "
                     "The parked entry keeps the original; its resolution records who edited which headers and the body's size and SHA-256." }
                 h2 { "Headers" }
-                p .muted { "As the entry stores them: each key's AMQP type and value (" code { "{\"type\": \"longstr\", \"value\": \"…\"}" } "). "
+                p .muted { "As the entry stores them: each key's AMQP type and value (" code { "{\"type\": \"long-string\", \"value\": \"…\"}" } "). "
                     "The retry-* headers the replay sets itself cannot be changed." }
                 textarea #edit-headers name="headers" rows="10" spellcheck="false" { (shown.headers) }
                 h2 { "Body" }

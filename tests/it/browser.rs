@@ -32,16 +32,16 @@ const DRIVER_START: Duration = Duration::from_secs(20);
 const STEP: Duration = Duration::from_secs(30);
 
 /// The operator the page test replays as, and the token `admin.tokens` gives them.
-const OPERATOR: &str = "alice";
-const TOKEN: &str = "browser-test-token-0123456789";
+pub(crate) const OPERATOR: &str = "alice";
+pub(crate) const TOKEN: &str = "browser-test-token-0123456789";
 
 /// Fast polls, an ephemeral port and the operator's token.
-fn admin_with_token() -> String {
+pub(crate) fn admin_with_token() -> String {
     format!("[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\n{OPERATOR} = \"{TOKEN}\"")
 }
 
 /// Awaits `fut` for at most [`STEP`] and unwraps its result, naming `what` when either fails.
-async fn step<T, E: std::fmt::Debug>(what: &str, fut: impl Future<Output = Result<T, E>>) -> T {
+pub(crate) async fn step<T, E: std::fmt::Debug>(what: &str, fut: impl Future<Output = Result<T, E>>) -> T {
     match tokio::time::timeout(STEP, fut).await {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => panic!("{what}: {e:?}"),
@@ -159,14 +159,14 @@ impl Drop for Driver {
 }
 
 /// A headless Chromium session; [`Browser::close`] ends it politely, a drop kills it.
-struct Browser {
-    client: Client,
+pub(crate) struct Browser {
+    pub(crate) client: Client,
     // dropped after `client`: the session's process group goes with it
     _driver: Driver,
 }
 
 impl Browser {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let driver = Driver::start().await;
         let profile = driver.dir.path().join("profile");
         let capabilities = json!({
@@ -207,28 +207,28 @@ impl Browser {
         }
     }
 
-    async fn goto(&self, url: &str) {
+    pub(crate) async fn goto(&self, url: &str) {
         step(&format!("load {url}"), self.client.goto(url)).await;
     }
 
     /// The element matching `css`, waiting (bounded) for it to appear.
-    async fn find(&self, css: &str) -> Element {
+    pub(crate) async fn find(&self, css: &str) -> Element {
         let found = self.client.wait().at_most(STEP).for_element(Locator::Css(css));
         let url = self.url().await;
         step(&format!("find {css} on {url}"), found).await
     }
 
-    async fn find_all(&self, css: &str) -> Vec<Element> {
+    pub(crate) async fn find_all(&self, css: &str) -> Vec<Element> {
         step(&format!("find all {css}"), self.client.find_all(Locator::Css(css))).await
     }
 
-    async fn text(&self, css: &str) -> String {
+    pub(crate) async fn text(&self, css: &str) -> String {
         let element = self.find(css).await;
         step(&format!("text of {css}"), element.text()).await
     }
 
     /// Reloads the page until `css` reads `expected`; panics with the last text after [`STEP`].
-    async fn reload_until_text(&self, css: &str, expected: &str) {
+    pub(crate) async fn reload_until_text(&self, css: &str, expected: &str) {
         let mut reload = false;
         eventually_ok(&format!("{css} reads {expected:?}"), STEP, async || {
             if std::mem::replace(&mut reload, true) {
@@ -244,13 +244,13 @@ impl Browser {
         .await
     }
 
-    async fn url(&self) -> url::Url {
+    pub(crate) async fn url(&self) -> url::Url {
         step("current url", self.client.current_url()).await
     }
 
     /// Clicks `element` and waits until the page it leads to replaced the current one: a
     /// click's return does not promise that the next page has loaded.
-    async fn click_and_load(&self, what: &str, element: &Element) {
+    pub(crate) async fn click_and_load(&self, what: &str, element: &Element) {
         let old = step("the current page", self.client.find(Locator::Css("html"))).await;
         step(&format!("click {what}"), element.click()).await;
         eventually(&format!("clicking {what} loaded a new page"), STEP, async || {
@@ -278,13 +278,13 @@ impl Browser {
         .await;
     }
 
-    async fn script(&self, js: &str) -> serde_json::Value {
+    pub(crate) async fn script(&self, js: &str) -> serde_json::Value {
         step(&format!("run {js}"), self.client.execute(js, vec![])).await
     }
 
     /// The HTTP status of the current page, which WebDriver does not expose itself (Navigation
     /// Timing Level 2, in Chromium since 109).
-    async fn status(&self) -> u64 {
+    pub(crate) async fn status(&self) -> u64 {
         let v = self
             .script("return performance.getEntriesByType('navigation')[0].responseStatus")
             .await;
@@ -292,7 +292,7 @@ impl Browser {
     }
 
     /// Ends the session (chromedriver closes Chromium), then drops the driver.
-    async fn close(self) {
+    pub(crate) async fn close(self) {
         let Browser { client, _driver } = self;
         step("end the WebDriver session", client.close()).await;
     }

@@ -12,6 +12,7 @@ mod bad_input;
 mod browser;
 mod cli;
 mod cli_api;
+mod console;
 mod crash;
 mod deploy;
 mod docs;
