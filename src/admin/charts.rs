@@ -143,11 +143,33 @@ impl Chart {
         d
     }
 
+    /// Where the latest known value of `series` is drawn.
+    fn latest(&self, series: &Series, top: f64) -> Option<(f64, f64)> {
+        let values = &series.values[..series.values.len().min(self.slots)];
+        let (i, v) = values
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, v)| v.filter(|v| v.is_finite()).map(|v| (i, v)))?;
+        Some((self.x(i), Self::y(v, top)))
+    }
+
+    /// The y axis' labelled values: 0, the middle and the top — the middle only when it is a
+    /// whole number of messages.
+    fn ticks(&self, top: f64) -> Vec<f64> {
+        let middle = top / 2.0;
+        if self.unit == Unit::Messages && middle.fract() != 0.0 {
+            vec![0.0, top]
+        } else {
+            vec![0.0, middle, top]
+        }
+    }
+
     /// The chart: its title, the drawing and a legend with each series' latest value.
     pub fn render(&self) -> Markup {
         let top = self.top();
         let (x0, x1) = (self.x(0), self.x(self.slots.max(2) - 1));
-        let ticks = [0.0, top / 2.0, top];
+        let ticks = self.ticks(top);
         html! {
             figure .chart {
                 figcaption { (self.title) }
@@ -171,6 +193,10 @@ impl Chart {
                         @let d = self.path(s, top);
                         @if !d.is_empty() {
                             path class={ "line s" (i) } d=(d) {}
+                        }
+                        // the latest value as a dot, so a line of one minute shows too
+                        @if let Some((x, y)) = self.latest(s, top) {
+                            circle class={ "dot s" (i) } cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="2.5" {}
                         }
                     }
                 }
@@ -292,6 +318,14 @@ mod tests {
         let markup = c.render().into_string();
         assert_well_formed(&markup);
         assert!(markup.contains(">50</text>") && markup.contains(">25</text>") && markup.contains(">0</text>"));
+        assert!(
+            markup.contains("<circle class=\"dot s0\" cx=\"312.0\" cy=\"92.6\""),
+            "the latest value's dot: {markup}"
+        );
+        // a top of 5 messages has no 2.5 tick
+        let five = chart(vec![vec![Some(4.0); 60]], Unit::Messages);
+        let drawn = five.render().into_string();
+        assert!(drawn.contains(">5</text>") && !drawn.contains(">2.5</text>"), "{drawn}");
         assert!(
             markup.contains("series 0: <b>5</b>"),
             "the latest value in the legend: {markup}"

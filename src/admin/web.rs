@@ -266,10 +266,9 @@ pub(crate) async fn overview(
         }
         table #ladders {
             tr { th { "Ladder" } th { "Tiers (delay: waiting)" } th { "Intake / due" } th { "Rates" }
-                 th { "Accounting" } th { "Parked, unresolved" } }
+                 th { "Parked, unresolved" } }
             @for l in &view.ladders {
                 @let status = state.desk.status(&l.name).ok();
-                @let (class, sentence) = accounting(l);
                 tr data-ladder=(l.name) {
                     td { b { (l.name) } br; code { (l.exchange) } br; "max attempts " (l.max_attempts) }
                     td {
@@ -296,7 +295,6 @@ pub(crate) async fn overview(
                             None => { "-" }
                         }
                     }
-                    td { span class={ "status accounting " (class) } { (sentence) } }
                     td {
                         @if let Some(s) = &status {
                             @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
