@@ -335,3 +335,143 @@ async fn a_long_replay_shows_its_progress_on_a_terminal_through_the_service_and_
     assert!(!screen.contains("replaying ["), "never beside --json: {screen}");
     assert_eq!(queue_depth(&t.client, &orders).await, 40);
 }
+
+/// `ladder parked replay --edit-header --edit-body-file <offset>`: through the service with a
+/// token (the record names the token's owner) and against the stream without one (`--by`);
+/// the edited message arrives, the entry keeps the original, and an edit of more than one entry
+/// is refused before anything is sent.
+#[tokio::test]
+async fn parked_replay_edits_one_entry_through_the_service_and_through_the_stream() {
+    let mut t = TestLadder::configure_with("cli-edit", ADMIN, ONE_TIER).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    park(&t, &admin, &orders, 2, 0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = cli_config(dir.path(), &t, &admin.addr.to_string());
+    let body_file = dir.path().join("fixed.json");
+    std::fs::write(&body_file, b"{\"order\": 0, \"fixed\": true}").unwrap();
+    let body_arg = body_file.to_str().unwrap();
+    let list: Value = reqwest::get(admin.url(&format!("/api/ladders/{}/parked", t.ladder)))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let offset_of = |id: &str| {
+        list["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["envelope"]["message"]["properties"]["message_id"] == id)
+            .unwrap()["offset"]
+            .as_u64()
+            .unwrap()
+            .to_string()
+    };
+    let (first, second) = (offset_of("m-0"), offset_of("m-1"));
+
+    let refused = ladder(
+        &config,
+        Some(ALICE),
+        &["parked", "replay", "--edit-header", "tenant=x", &first, &second],
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(64), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("exactly one offset"), "{}", stderr(&refused));
+
+    let through_service = ladder(
+        &config,
+        Some(ALICE),
+        &[
+            "parked",
+            "replay",
+            "--json",
+            "--edit-header",
+            "tenant=globex",
+            "--edit-body-file",
+            body_arg,
+            &first,
+        ],
+    )
+    .await;
+    let v = json_from(&through_service, "the service");
+    assert_eq!(v["outcomes"][0]["status"], "replayed", "{v}");
+    let through_stream = ladder(
+        &config,
+        None,
+        &[
+            "parked",
+            "replay",
+            "--json",
+            "--by",
+            "bob",
+            "--edit-header",
+            "region=eu",
+            &second,
+        ],
+    )
+    .await;
+    let v = json_from(&through_stream, "read the stream");
+    assert_eq!(v["outcomes"][0]["status"], "replayed", "{v}");
+
+    let mut consumer = tokio::time::timeout(WAIT, t.consume(&orders))
+        .await
+        .expect("consume timed out");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let d = next_within(&mut consumer, WAIT)
+            .await
+            .expect("the edited messages arrive");
+        let h = d.properties.headers.clone().unwrap_or_default();
+        let id = d
+            .properties
+            .message_id
+            .as_ref()
+            .and_then(|m| m.to_str())
+            .unwrap()
+            .to_string();
+        match id.as_str() {
+            "m-0" => {
+                assert_eq!(d.body, b"{\"order\": 0, \"fixed\": true}");
+                assert_eq!(h.get("tenant"), Some(&text("globex")));
+            }
+            _ => {
+                assert_eq!(d.body, b"{\"order\": 1}");
+                assert_eq!(h.get("region"), Some(&text("eu")));
+            }
+        }
+        consumer.ack(&d);
+        seen.push(id);
+    }
+    seen.sort();
+    assert_eq!(seen, ["m-0", "m-1"]);
+
+    for (offset, by, changed, added) in [(&first, "alice", "tenant", None), (&second, "bob", "", Some("region"))] {
+        let entry: Value = eventually("the resolution is indexed", WAIT, async || {
+            let e: Value = reqwest::get(admin.url(&format!("/api/ladders/{}/parked/{offset}", t.ladder)))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            e["resolution"]["edit"].is_object().then_some(e)
+        })
+        .await;
+        let r = &entry["resolution"];
+        assert_eq!(r["by"], by, "{entry}");
+        if !changed.is_empty() {
+            assert_eq!(r["edit"]["headers_changed"], serde_json::json!([changed]), "{entry}");
+            assert_eq!(r["edit"]["body"]["to_bytes"], 27, "{entry}");
+        }
+        if let Some(added) = added {
+            assert_eq!(r["edit"]["headers_added"], serde_json::json!([added]), "{entry}");
+        }
+        assert!(
+            entry["envelope"]["message"]["properties"]["headers"]["tenant"]["value"]
+                .as_str()
+                .is_some_and(|t| t.starts_with('t')),
+            "the entry keeps the original: {entry}"
+        );
+    }
+}

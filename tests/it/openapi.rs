@@ -19,8 +19,9 @@ const ALICE: &str = "alice-token-0123456789";
 const ADMIN: &str =
     "[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\nalice = \"alice-token-0123456789\"";
 
-/// One tier and no retry to spare: `retry-attempt = 1` is parked at once as `max-attempts`.
-const ONE_TIER: &str = "backoff = [\"100ms\"]\nmax_attempts = 1\nallow = [\"^{ns}-\"]";
+/// One tier and no retry to spare: `retry-attempt = 1` is parked at once as `max-attempts`;
+/// with exact delays, so that a scheduled delivery can be cancelled.
+const ONE_TIER: &str = "exact_delays = true\nbackoff = [\"100ms\"]\nmax_attempts = 1\nallow = [\"^{ns}-\"]";
 
 /// Statuses the test cannot provoke from outside: the server's own failures.
 const NOT_PROVOKED: [u16; 2] = [500, 503];
@@ -638,6 +639,38 @@ async fn every_answer_of_the_admin_api_matches_its_openapi_description() {
         too_large.body = Some(Body::Raw("application/json", vec![b' '; 300 * 1024]));
         c.call(too_large).await;
     }
+    // cancelling a scheduled delivery, and its refusals
+    let cancel = "/api/ladders/{ladder}/scheduled/cancel";
+    let cancel_at = format!("/api/ladders/{l}/scheduled/cancel");
+    let by_id = json!({"message_id": "scheduled-1"});
+    let (status, cancelled, _) = c
+        .call(Call::post(cancel, cancel_at.clone(), by_id.clone(), Some(ALICE)))
+        .await;
+    assert_eq!((status, &cancelled["by"]), (200, &json!("alice")), "{cancelled}");
+    c.call(Call::post(cancel, cancel_at.clone(), by_id.clone(), None)).await;
+    c.call(Call::post(
+        cancel,
+        cancel_at.clone(),
+        by_id.clone(),
+        Some("not-a-token-at-all-1234"),
+    ))
+    .await;
+    c.call(Call::post(cancel, cancel_at.clone(), json!({}), Some(ALICE)))
+        .await;
+    c.call(Call::post(
+        cancel,
+        "/api/ladders/nope/scheduled/cancel".to_string(),
+        by_id.clone(),
+        Some(ALICE),
+    ))
+    .await;
+    let mut unsupported = Call::post(cancel, cancel_at.clone(), json!(null), Some(ALICE));
+    unsupported.body = Some(Body::Raw("text/plain", by_id.to_string().into_bytes()));
+    c.call(unsupported).await;
+    let mut too_large = Call::post(cancel, cancel_at.clone(), json!(null), Some(ALICE));
+    too_large.body = Some(Body::Raw("application/json", vec![b' '; 300 * 1024]));
+    c.call(too_large).await;
+
     // the guards in front of every /api route: a Host this server does not serve, a long target
     let operations: Vec<(String, String)> = c.spec["paths"]
         .as_object()
