@@ -830,7 +830,7 @@ fn edit_page(ladder: &str, e: &ParkedEntry, submitted: Option<&Submitted>, error
                     "The parked entry keeps the original; its resolution records who edited which headers and the body's size and SHA-256." }
                 h2 { "Headers" }
                 p .muted { "As the entry stores them: each key's AMQP type and value (" code { "{\"type\": \"long-string\", \"value\": \"…\"}" } "). "
-                    "The retry-* headers the replay sets itself cannot be changed." }
+                    "The replay sets retry-attempt, retry-tier, retry-due-at, retry-ladder and retry-replayed-from itself: those cannot be changed; a changed retry-to sends it there (when allowed)." }
                 textarea #edit-headers name="headers" rows="10" spellcheck="false" { (shown.headers) }
                 h2 { "Body" }
                 @if too_large {
