@@ -107,7 +107,7 @@ pub struct Metrics {
     next_leave: Family<TierLabels, Gauge<f64, AtomicU64>>,
     /// Per (ladder, tier): when what this process put into the tier leaves; shared by every
     /// [`LadderMetrics`] made for the ladder (the relay loops record, the poller reads).
-    leaving: Mutex<HashMap<(String, String), Arc<Mutex<LeaveTimes>>>>,
+    leaving: Mutex<HashMap<(String, String), SharedLeaveTimes>>,
     /// Per ladder: the lateness histogram's buckets, readable (shared like `leaving`).
     lateness_buckets: Mutex<HashMap<String, Arc<LatenessBuckets>>>,
     unaccounted: Family<LadderLabel, Gauge>,
@@ -374,6 +374,9 @@ pub struct HopMetrics {
     /// Deliveries not yet settled.
     pub in_flight: Gauge,
 }
+
+/// One tier's leave times, shared by the relay loops that record and the poller that reads.
+type SharedLeaveTimes = Arc<Mutex<LeaveTimes>>;
 
 /// One tier's handles.
 #[derive(Debug, Clone)]

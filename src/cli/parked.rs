@@ -587,6 +587,9 @@ fn refuse_by(by: Option<&str>) -> Result<(), parking::ParkingError> {
 /// Starts a replay or discard on the service and follows its job to the end, the progress bar
 /// showing how far it is. Interrupting the command stops only the following: the job runs on in
 /// the service, and its URL is printed when it takes longer than the first request.
+/// Headers to set (`name`, `value`) and the new body, if one is given.
+type CliEdit = (Vec<(String, String)>, Option<Vec<u8>>);
+
 /// The edit `--edit-header` and `--edit-body-file` ask for — the headers to set and the new
 /// body — or `None` when neither is given; refused unless exactly one offset and no filter,
 /// rate or dry run go with it.
@@ -596,7 +599,7 @@ fn cli_edit(
     paced_or_dry: bool,
     headers: &[String],
     body_file: Option<&std::path::Path>,
-) -> anyhow::Result<Option<(Vec<(String, String)>, Option<Vec<u8>>)>> {
+) -> anyhow::Result<Option<CliEdit>> {
     if headers.is_empty() && body_file.is_none() {
         return Ok(None);
     }
