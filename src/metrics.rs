@@ -45,6 +45,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    ladder: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     ladder: String,
     queue: String,
@@ -112,6 +118,10 @@ pub struct Metrics {
     lateness_buckets: Mutex<HashMap<String, Arc<LatenessBuckets>>>,
     unaccounted: Family<LadderLabel, Gauge>,
     unaccounted_alarms: Family<LadderLabel, Counter>,
+    hold_transitions: Family<KindLabels, Counter>,
+    destinations_held: Family<LadderLabel, Gauge>,
+    held_messages: Family<LadderLabel, Counter>,
+    released_messages: Family<LadderLabel, Counter>,
     /// Sessions started after a lost connection.
     pub reconnects: Counter,
 }
@@ -144,6 +154,10 @@ impl Metrics {
             lateness_buckets: Mutex::default(),
             unaccounted: Family::default(),
             unaccounted_alarms: Family::default(),
+            hold_transitions: Family::default(),
+            destinations_held: Family::default(),
+            held_messages: Family::default(),
+            released_messages: Family::default(),
             reconnects: Counter::default(),
             registry: Registry::default(),
         };
@@ -182,6 +196,26 @@ impl Metrics {
             "ladder_deferred_messages",
             "Due messages put back into a tier instead of delivered, by reason: the destination refused them (refused) or had its bound in flight (busy); no attempt is counted",
             m.deferred.clone(),
+        );
+        registry.register(
+            "ladder_hold_transitions",
+            "Destination hold transitions read from the hold stream, by kind: held, resumed, released (a release found the held queue empty), auto_held, auto_resumed; and probe (a probe this process released)",
+            m.hold_transitions.clone(),
+        );
+        registry.register(
+            "ladder_destinations_held",
+            "Destinations held or being released, as this process read the hold stream",
+            m.destinations_held.clone(),
+        );
+        registry.register(
+            "ladder_held_messages",
+            "Due messages put (and confirmed) into a held destination's queue instead of delivered; no attempt is counted",
+            m.held_messages.clone(),
+        );
+        registry.register(
+            "ladder_released_messages",
+            "Messages released (and confirmed) from a held queue to their destination, probes included",
+            m.released_messages.clone(),
         );
         registry.register(
             "ladder_lateness_seconds",
@@ -242,7 +276,15 @@ impl Metrics {
                 .clone()
         };
         let per_hop = |make: &dyn Fn(Hop) -> HopMetrics| Hop::ALL.map(make);
+        let holds = HoldMetrics {
+            ladder: ladder.clone(),
+            transitions: self.hold_transitions.clone(),
+            held: self.destinations_held.get_or_create(&label).clone(),
+            held_messages: self.held_messages.get_or_create(&label).clone(),
+            released_messages: self.released_messages.get_or_create(&label).clone(),
+        };
         LadderMetrics {
+            holds,
             hops: per_hop(&|h| HopMetrics {
                 received: hop(&self.received, h),
                 publish_failures: hop(&self.publish_failures, h),
@@ -387,9 +429,37 @@ struct TierHandles {
     leaving: Arc<Mutex<LeaveTimes>>,
 }
 
+/// One ladder's destination-hold handles. No destination is a label (unbounded): transitions
+/// are counted by kind, and the held ones are a gauge per ladder.
+#[derive(Debug, Clone)]
+pub struct HoldMetrics {
+    ladder: String,
+    transitions: Family<KindLabels, Counter>,
+    /// Destinations held or releasing.
+    pub held: Gauge,
+    /// Due messages put into held queues.
+    pub held_messages: Counter,
+    /// Messages released from held queues.
+    pub released_messages: Counter,
+}
+
+impl HoldMetrics {
+    /// Counts one transition of `kind` (rare: a family lookup is fine).
+    pub fn transition(&self, kind: &str) {
+        self.transitions
+            .get_or_create(&KindLabels {
+                ladder: self.ladder.clone(),
+                kind: kind.to_string(),
+            })
+            .inc();
+    }
+}
+
 /// One ladder's handles, cheap to use from the hot path.
 #[derive(Debug, Clone)]
 pub struct LadderMetrics {
+    /// Destination holds.
+    pub holds: HoldMetrics,
     hops: [HopMetrics; Hop::ALL.len()],
     /// First deliveries from `N.L.intake` (not redeliveries): the messages that entered the
     /// ladder, for the accounting identity.

@@ -46,7 +46,7 @@ pub enum CancelError {
     Invalid(String),
 }
 
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     during: &'static str,
     call: impl Future<Output = ladder_amqp::Result<T>>,
 ) -> Result<T, CancelError> {
@@ -66,7 +66,7 @@ fn record_properties(format: &str) -> BasicProperties {
 }
 
 /// Appends `record` to the stream `stream` and waits for the broker's confirm.
-async fn append(connection: &Connection, stream: &str, format: &str, body: &[u8]) -> Result<(), CancelError> {
+pub(crate) async fn append(connection: &Connection, stream: &str, format: &str, body: &[u8]) -> Result<(), CancelError> {
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     bounded("selecting confirms", channel.confirm_select()).await?;
     let confirm = channel.basic_publish("", stream, true, &record_properties(format), body)?;

@@ -36,6 +36,7 @@ use crate::clock::{now_ms, unique_id};
 use crate::metrics::{InFlight, LadderMetrics};
 use crate::model::backoff::Backoff;
 use crate::model::cancels::SharedCancellations;
+use crate::model::holds::{AutoHoldPolicy, Breaker, SharedHolds};
 use crate::model::envelope::{BODY_FORMAT, BodyRecord, Envelope, FORMAT, OriginalMessage};
 use crate::model::ladder::LadderSpec;
 use crate::model::ladder::Limits;
@@ -77,9 +78,40 @@ pub struct LadderRuntime {
     pub telemetry: Telemetry,
     /// The ladder's cancelled message ids (filled by `broker::cancels::follow`).
     pub cancels: Arc<SharedCancellations>,
+    /// The ladder's destination holds (filled by `broker::holds::follow`).
+    pub holds: Arc<SharedHolds>,
+    /// Deliveries and failures per destination as this replica sees them: the automatic hold's
+    /// breaker (polled by `broker::holds::run_releaser` when `auto_hold` is on) and the busiest
+    /// destinations of the web page.
+    pub breaker: std::sync::Mutex<Breaker>,
 }
 
 impl LadderRuntime {
+    /// A ladder's runtime with empty cancellations and holds.
+    pub fn new(spec: LadderSpec, names: Names, limits: Limits, metrics: LadderMetrics, telemetry: Telemetry) -> Self {
+        let policy = spec.auto_hold.unwrap_or(AutoHoldPolicy {
+            window: Duration::from_secs(60),
+            min_deliveries: u32::MAX,
+            failure_permille: 1000,
+            probe_every: Duration::from_secs(10),
+            max_hold: Duration::from_secs(600),
+        });
+        LadderRuntime {
+            spec,
+            names,
+            limits,
+            metrics,
+            telemetry,
+            cancels: Arc::default(),
+            holds: Arc::default(),
+            breaker: std::sync::Mutex::new(Breaker::new(policy)),
+        }
+    }
+
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Whether the message's id was cancelled.
     fn cancelled(&self, props: &ladder_amqp::BasicProperties) -> bool {
         !self.cancels.is_empty()
@@ -272,6 +304,8 @@ enum Step {
     Deliver(Box<Forward>, GatePermit),
     /// Due: back into a tier.
     Defer(DeferReason),
+    /// Due: into the held queue of its destination (held, or releasing), no attempt counted.
+    Hold(Box<Forward>),
     /// Into the parking lot.
     Park(Park),
 }
@@ -311,14 +345,35 @@ async fn settle(
     }
     let trace = trace.as_ref();
     let mut step = match decision {
+        Decision::Forward(forward)
+            if forward.kind == ForwardKind::Deliver
+                && forward.exchange.is_empty()
+                && ladder.holds.holds_back(&forward.destination) =>
+        {
+            Step::Hold(forward)
+        }
         Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => {
             match gate.enter(&forward.destination).await {
                 Some(permit) => Step::Deliver(forward, permit),
                 None => Step::Defer(DeferReason::Busy),
             }
         }
-        Decision::Forward(forward) => Step::Schedule(forward),
-        Decision::Park(park) => Step::Park(park),
+        Decision::Forward(forward) => {
+            // a retry of a message the due hop delivered: a failure of its destination
+            if hop == Hop::Intake && forward.attempt >= 2 {
+                ladder.breaker().failed(&forward.destination, now);
+            }
+            Step::Schedule(forward)
+        }
+        Decision::Park(park) => {
+            if hop == Hop::Intake
+                && park.reason == ParkReason::MaxAttempts
+                && let Some(destination) = &park.destination
+            {
+                ladder.breaker().failed(destination, now);
+            }
+            Step::Park(park)
+        }
     };
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
@@ -333,6 +388,10 @@ async fn settle(
                     &forward.properties,
                 )?
                 .await?
+            }
+            Step::Hold(forward) => {
+                let queue = ladder.names.held_queue(&forward.destination);
+                publish_confirmed(channel, trace, "", &queue, &delivery.body, &forward.properties)?.await?
             }
             Step::Defer(reason) => {
                 // made and published in a block of its own, so it is not kept across the wait
@@ -359,8 +418,15 @@ async fn settle(
                        tier = %forward.routing_key, trace_id = %trace_id(trace), "scheduled");
                 return Ok(());
             }
+            (Step::Hold(forward), Confirmation::Ack) => {
+                ladder.metrics.holds.held_messages.inc();
+                debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                       trace_id = %trace_id(trace), "held");
+                return Ok(());
+            }
             (Step::Deliver(forward, _permit), Confirmation::Ack) => {
                 ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
+                ladder.breaker().delivered(&forward.destination, now_ms());
                 debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                        late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
                 return Ok(());
@@ -370,7 +436,7 @@ async fn settle(
                 return Ok(());
             }
             (Step::Park(_), Confirmation::Ack) => return Ok(()),
-            (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
+            (Step::Schedule(forward) | Step::Deliver(forward, _) | Step::Hold(forward), Confirmation::Returned(returned)) => {
                 metrics.returned.inc();
                 Step::Park(protocol::no_route(
                     hop,
@@ -416,7 +482,7 @@ async fn settle(
 }
 
 /// Parks `delivery`, publishing again with backoff until the broker confirms.
-async fn park_until_confirmed(
+pub(crate) async fn park_until_confirmed(
     hop: Hop,
     ladder: &LadderRuntime,
     channel: &Channel,

@@ -53,6 +53,21 @@ pub struct State {
     pub metrics: Metrics,
     /// OpenTelemetry tracing (off unless configured).
     pub telemetry: Telemetry,
+    /// Every ladder's runtime once `run` made them: the admin side reads their holds and
+    /// breakers (never the other way round).
+    pub ladders: std::sync::RwLock<Vec<Arc<LadderRuntime>>>,
+}
+
+impl State {
+    /// The runtime of ladder `name`, once the service runs.
+    pub fn ladder(&self, name: &str) -> Option<Arc<LadderRuntime>> {
+        self.ladders
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|l| l.spec.name == name)
+            .cloned()
+    }
 }
 
 /// Why the service stopped for good.
@@ -154,16 +169,16 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
         .ladders
         .iter()
         .map(|spec| {
-            Arc::new(LadderRuntime {
-                names: Names::new(&config.namespace, &spec.name),
-                metrics: state.metrics.ladder(spec),
-                telemetry: state.telemetry.clone(),
-                spec: spec.clone(),
-                limits: config.limits,
-                cancels: Arc::default(),
-            })
+            Arc::new(LadderRuntime::new(
+                spec.clone(),
+                Names::new(&config.namespace, &spec.name),
+                config.limits,
+                state.metrics.ladder(spec),
+                state.telemetry.clone(),
+            ))
         })
         .collect();
+    *state.ladders.write().unwrap_or_else(std::sync::PoisonError::into_inner) = ladders.clone();
     let mut backoff = Backoff::new(config.amqp.reconnect_min, config.amqp.reconnect_max);
     // the broker to try first: after a lost connection, the next one (another cluster node)
     let mut next_broker = 0;
@@ -241,32 +256,54 @@ async fn session(
         return Err(e);
     }
 
-    // every ladder's cancellations are read before any loop may deliver what they cancel
-    let mut followers = JoinSet::new();
+    // every ladder's cancellations and holds are read before any loop may deliver what they
+    // cancel or hold
+    let mut followers: JoinSet<Result<(), String>> = JoinSet::new();
     let follow_stop = CancellationToken::new();
     for ladder in ladders.iter().filter(|l| l.spec.exact_delays) {
         let span = info_span!("cancels", ladder = %ladder.spec.name);
         let (ladder, connection, stop) = (ladder.clone(), connection.clone(), follow_stop.clone());
         followers.spawn(
-            async move { crate::broker::cancels::follow(&connection, &ladder.names, &ladder.cancels, &stop).await }
-                .instrument(span),
+            async move {
+                crate::broker::cancels::follow(&connection, &ladder.names, &ladder.cancels, &stop)
+                    .await
+                    .map_err(|e| format!("cannot follow the cancellations: {e}"))
+            }
+            .instrument(span),
+        );
+    }
+    for ladder in ladders {
+        let span = info_span!("holds", ladder = %ladder.spec.name);
+        let (ladder, connection, stop) = (ladder.clone(), connection.clone(), follow_stop.clone());
+        followers.spawn(
+            async move {
+                crate::broker::holds::follow(
+                    &connection,
+                    &ladder.names,
+                    &ladder.spec,
+                    &ladder.holds,
+                    Some(&ladder.metrics.holds),
+                    &stop,
+                )
+                .await
+                .map_err(|e| format!("cannot follow the holds: {e}"))
+            }
+            .instrument(span),
         );
     }
     let caught_up = async {
-        while !ladders
-            .iter()
-            .filter(|l| l.spec.exact_delays)
-            .all(|l| l.cancels.caught_up())
+        while !ladders.iter().filter(|l| l.spec.exact_delays).all(|l| l.cancels.caught_up())
+            || !ladders.iter().all(|l| l.holds.caught_up())
         {
             tokio::time::sleep(CANCELS_POLL).await;
         }
     };
     let reading = tokio::select! {
-        done = tokio::time::timeout(CANCELS_CATCH_UP, caught_up) => done.map_err(|_| format!("the cancellation streams were not read within {CANCELS_CATCH_UP:?}")),
+        done = tokio::time::timeout(CANCELS_CATCH_UP, caught_up) => done.map_err(|_| format!("the cancellation and hold streams were not read within {CANCELS_CATCH_UP:?}")),
         Some(joined) = followers.join_next() => Err(match joined {
-            Ok(Ok(())) => "a cancellation follower stopped".to_string(),
-            Ok(Err(e)) => format!("cannot follow the cancellations: {e}"),
-            Err(panic) => format!("cancellation follower failed: {panic}"),
+            Ok(Ok(())) => "a stream follower stopped".to_string(),
+            Ok(Err(e)) => e,
+            Err(panic) => format!("stream follower failed: {panic}"),
         }),
         () = shutdown.cancelled() => {
             followers.abort_all();
@@ -278,6 +315,14 @@ async fn session(
         followers.abort_all();
         close(&connection).await;
         return Err(retry(e));
+    }
+
+    // the releasers: resumed destinations drain, the automatic hold polls
+    let mut releasers = JoinSet::new();
+    for ladder in ladders {
+        let span = info_span!("releaser", ladder = %ladder.spec.name);
+        let (ladder, connection, stop) = (ladder.clone(), connection.clone(), follow_stop.clone());
+        releasers.spawn(crate::broker::holds::run_releaser(connection, ladder, stop).instrument(span));
     }
 
     let mut workers = JoinSet::new();
@@ -320,12 +365,13 @@ async fn session(
             joined = workers.join_next() => joined,
             Some(follower) = followers.join_next() => {
                 let failure = match follower {
-                    Ok(Ok(())) => "a cancellation follower stopped".to_string(),
-                    Ok(Err(e)) => format!("cannot follow the cancellations: {e}"),
-                    Err(panic) => format!("cancellation follower failed: {panic}"),
+                    Ok(Ok(())) => "a stream follower stopped".to_string(),
+                    Ok(Err(e)) => e,
+                    Err(panic) => format!("stream follower failed: {panic}"),
                 };
                 health.set_ready(false);
                 workers.abort_all();
+                releasers.abort_all();
                 while workers.join_next().await.is_some() {}
                 close(&connection).await;
                 return Err(retry(failure));
@@ -347,11 +393,13 @@ async fn session(
         while workers.join_next().await.is_some() {}
         follow_stop.cancel();
         followers.abort_all();
+        releasers.abort_all();
         close(&connection).await;
         return Err(retry(failure));
     }
     follow_stop.cancel();
     while followers.join_next().await.is_some() {}
+    while releasers.join_next().await.is_some() {}
     health.set_ready(false);
     if abandoned > 0 {
         error!(

@@ -62,6 +62,7 @@ impl OlderQueue {
                 match value {
                     ArgValue::Str(s) => format!("\"{key}\": \"{s}\""),
                     ArgValue::Int(i) => format!("\"{key}\": {i}"),
+                    ArgValue::Bool(b) => format!("\"{key}\": {b}"),
                 }
             })
             .collect();
@@ -137,6 +138,7 @@ async fn declare(
                 let value = match value {
                     ArgValue::Str(s) => FieldValue::string(s),
                     ArgValue::Int(i) => FieldValue::LongLongInt(*i),
+                    ArgValue::Bool(b) => FieldValue::Boolean(*b),
                 };
                 table.set(key, value);
             }

@@ -238,7 +238,18 @@ pub struct LadderSpec {
     /// Who may send to which destinations; `None`: anyone who can publish to the intake
     /// exchange may target any allowed destination.
     pub senders: Option<Senders>,
+    /// How fast a resumed destination's held queue is released when the resume names no rate.
+    pub release_rate: crate::model::lot::pace::Rate,
+    /// The automatic hold, if on.
+    pub auto_hold: Option<crate::model::holds::AutoHoldPolicy>,
 }
+
+/// The release rate of a resume that names none: gentle, so a recovering service is not
+/// flooded (a thousand held messages take 100 s).
+pub const DEFAULT_RELEASE_RATE: crate::model::lot::pace::Rate = crate::model::lot::pace::Rate {
+    count: 10,
+    per: Duration::from_secs(1),
+};
 
 impl LadderSpec {
     /// Builds the tier list from `backoff`, with exact delays on, no jitter and no exchange
@@ -268,6 +279,8 @@ impl LadderSpec {
             queue_type,
             dead_letter_strategy,
             senders: None,
+            release_rate: DEFAULT_RELEASE_RATE,
+            auto_hold: None,
         };
         spec.set_exact_delays(true);
         spec

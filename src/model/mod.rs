@@ -11,6 +11,7 @@ pub mod accounting;
 pub mod backoff;
 pub mod cancels;
 pub mod envelope;
+pub mod holds;
 pub mod ladder;
 pub mod leaving;
 pub mod lot;

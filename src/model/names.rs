@@ -26,6 +26,8 @@ pub struct Names {
     pub operator_lock: String,
     /// `N.L.cancels`: the stream of cancelled message ids.
     pub cancels: String,
+    /// `N.L.holds`: the stream of destination holds and resumes.
+    pub holds: String,
 }
 
 impl Names {
@@ -41,8 +43,28 @@ impl Names {
             quarantine: format!("{base}.quarantine"),
             operator_lock: format!("{base}.operator-lock"),
             cancels: format!("{base}.cancels"),
+            holds: format!("{base}.holds"),
             intake_exchange: base,
         }
+    }
+
+    /// `N.L.held.<destination>`: where the due messages of a held destination wait, oldest
+    /// first. A name that would pass [`MAX_HELD_NAME_BYTES`] keeps the destination's first
+    /// bytes and ends in `~` and a 64-bit FNV-1a hash of the whole destination (stable across
+    /// versions and replicas: it is part of the topology contract).
+    pub fn held_queue(&self, destination: &str) -> String {
+        let name = format!("{}.held.{destination}", self.intake_exchange);
+        if name.len() <= MAX_HELD_NAME_BYTES {
+            return name;
+        }
+        let hash = destination
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let mut keep = MAX_HELD_NAME_BYTES - 17 - (name.len() - destination.len());
+        while !destination.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        format!("{}.held.{}~{hash:016x}", self.intake_exchange, &destination[..keep])
     }
 
     /// `N.L.delay.<tier>`.
@@ -74,6 +96,9 @@ impl Names {
         names.into_iter().max_by_key(String::len).unwrap_or_default()
     }
 }
+
+/// The longest held-queue name (AMQP names have at most 255 bytes).
+pub const MAX_HELD_NAME_BYTES: usize = 255;
 
 /// Which of a ladder's queues a loop consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +144,20 @@ mod tests {
         );
         spec.set_exact_delays(false);
         spec
+    }
+
+    #[test]
+    fn held_queue_names_are_bounded_and_distinct() {
+        let n = Names::new("ns", "orders");
+        assert_eq!(n.holds, "ns.orders.holds");
+        assert_eq!(n.held_queue("billing"), "ns.orders.held.billing");
+        let a = n.held_queue(&"a".repeat(250));
+        let b = n.held_queue(&format!("{}b", "a".repeat(249)));
+        assert!(a.len() <= MAX_HELD_NAME_BYTES && b.len() <= MAX_HELD_NAME_BYTES);
+        assert_ne!(a, b);
+        assert!(a.starts_with("ns.orders.held.aaa") && a.contains('~'));
+        let multibyte = n.held_queue(&"é".repeat(200));
+        assert!(multibyte.len() <= MAX_HELD_NAME_BYTES);
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub enum ArgValue {
     Str(String),
     /// Sent as a signed 64-bit integer.
     Int(i64),
+    /// Sent as a boolean.
+    Bool(bool),
 }
 
 impl fmt::Display for Declaration {
@@ -62,6 +64,7 @@ impl fmt::Display for Declaration {
                     match value {
                         ArgValue::Str(s) => write!(f, " {key}={s}")?,
                         ArgValue::Int(i) => write!(f, " {key}={i}")?,
+                        ArgValue::Bool(b) => write!(f, " {key}={b}")?,
                     }
                 }
                 Ok(())
@@ -219,7 +222,36 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             older: None,
         });
     }
+    // destination holds: kept whole (a hold lasts until it is resumed, however long)
+    out.push(Declaration::Queue {
+        name: names.holds.clone(),
+        args: vec![("x-queue-type", ArgValue::Str("stream".into()))],
+        older: None,
+    });
     out
+}
+
+/// The held queue of `destination` (`N.L.held.<destination>`), declared when the destination is
+/// first held — an operator's action or the automatic hold, never the hot path — and by every
+/// replica that reads the hold, before its due hop may route into it. Like the due queue it
+/// dead-letters into the quarantine past [`DELIVERY_LIMIT`] returns (so no broker drops what it
+/// holds), has no TTL (FIFO: the oldest is released first) and takes one active consumer at a
+/// time (`x-single-active-consumer`), so however many replicas release it, the release rate is
+/// the rate of one.
+pub fn held_queue(names: &Names, spec: &LadderSpec, destination: &str) -> Declaration {
+    let mut args = vec![
+        ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into())),
+        ("x-dead-letter-exchange", ArgValue::Str(names.quarantine.clone())),
+        ("x-single-active-consumer", ArgValue::Bool(true)),
+    ];
+    if spec.queue_type == QueueType::Quorum {
+        args.push(("x-delivery-limit", ArgValue::Int(DELIVERY_LIMIT)));
+    }
+    Declaration::Queue {
+        name: names.held_queue(destination),
+        args,
+        older: None,
+    }
 }
 
 /// How long the cancellation stream keeps a record: a day more than the longest delay.

@@ -1,0 +1,554 @@
+//! Destination holds on the broker: recording a hold or a resume in the ladder's stream
+//! `N.L.holds` (CLI, API, web page, the automatic hold), following the stream into the
+//! [`SharedHolds`] every relay loop of the ladder checks, and the **releaser**, which drains
+//! the held queues of resumed destinations at their rate and sends the automatic hold's probes.
+//!
+//! Following reads the whole stream (a hold lasts until it is resumed, however long ago) and is
+//! caught up once it read a marker it appended itself; the supervisor starts no relay loop
+//! before. A hold is recorded only after the destination was checked (allowed, exists) and its
+//! held queue declared; every follower declares the held queue again before it applies the
+//! hold, so no due hop routes into a queue that does not exist.
+//!
+//! The releaser must not deliver faster than the rate asked: every held queue takes one active
+//! consumer at a time (`x-single-active-consumer`), so however many replicas drain it, one does,
+//! paced by a one-token bucket. What it takes it publishes as it was held (the due hop's
+//! delivery properties), mandatory and confirmed, then acks; a returned one is parked as
+//! `no-route`, like any delivery.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ladder_amqp::{Confirmation, Connection, Delivery, FieldTable, FieldValue, QueueOptions};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::broker::cancels::{CancelError, append, bounded};
+use crate::broker::relay::{self, LadderRuntime};
+use crate::broker::topology;
+use crate::clock::now_ms;
+use crate::model::backoff::Backoff;
+use crate::model::holds::{AUTO, BreakerAction, HOLD_FORMAT, HoldAction, HoldRecord, HoldState, Holds, SharedHolds};
+use crate::model::ladder::LadderSpec;
+use crate::model::lot::pace::{Pacer, Rate};
+use crate::model::names::{Hop, Names};
+use crate::model::plan;
+use crate::model::protocol::{self, Forward, ForwardKind};
+
+/// The format of the catch-up marker this module appends.
+const FOLLOW_MARKER_FORMAT: &str = "ladder.holds-marker/v1";
+
+/// Records in flight to the follower before it acks.
+const PREFETCH: u16 = 500;
+
+/// How often the releaser compares the drains it runs with the holds, and polls the breaker.
+const RELEASER_TICK: Duration = Duration::from_millis(200);
+
+/// A drain that received nothing for this long looks whether its held queue is empty (to end a
+/// release).
+const IDLE_CHECK: Duration = Duration::from_millis(500);
+
+/// A drain of a free destination (stragglers a lagging replica put in after the release ended,
+/// or that a crash left) stops after its queue was empty for this long.
+const STRAGGLER_GRACE: Duration = Duration::from_secs(60);
+
+/// How long a hold, a resume or a snapshot may take at most, for an operator's request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a hold or resume was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    /// The ladder may not deliver there.
+    #[error("cannot hold {destination:?}: {reason}")]
+    NotAllowed {
+        /// The destination.
+        destination: String,
+        /// Why not.
+        reason: String,
+    },
+    /// No such queue.
+    #[error("cannot hold {0:?}: no such queue on the broker")]
+    Missing(String),
+    /// A resume of what is not held.
+    #[error("{0:?} is not held")]
+    NotHeld(String),
+    /// A bad input (rate).
+    #[error("{0}")]
+    Invalid(String),
+    /// Recording failed.
+    #[error(transparent)]
+    Record(#[from] CancelError),
+    /// The broker failed.
+    #[error(transparent)]
+    Broker(#[from] ladder_amqp::Error),
+    /// Declaring the held queue failed.
+    #[error("cannot declare the held queue: {0}")]
+    Declare(String),
+}
+
+impl HoldError {
+    /// A caller's mistake (exit 64, HTTP 4xx) rather than the broker's trouble.
+    pub fn is_callers(&self) -> bool {
+        matches!(
+            self,
+            HoldError::NotAllowed { .. } | HoldError::Missing(_) | HoldError::NotHeld(_) | HoldError::Invalid(_)
+        )
+    }
+}
+
+/// Checks that ladder `spec` may hold `destination` — allowed, and a queue that exists — and
+/// declares its held queue.
+async fn prepare(connection: &Connection, names: &Names, spec: &LadderSpec, destination: &str) -> Result<(), HoldError> {
+    if destination.is_empty() || destination.len() > 255 {
+        return Err(HoldError::Invalid("a destination queue has 1 to 255 bytes".into()));
+    }
+    if let Some(reason) = protocol::refuse_destination(spec, names, destination) {
+        return Err(HoldError::NotAllowed {
+            destination: destination.into(),
+            reason,
+        });
+    }
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    let passive = QueueOptions {
+        passive: true,
+        ..Default::default()
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_declare(destination, passive, FieldTable::new())).await {
+        Err(_) => return Err(HoldError::Declare("the broker did not answer".into())),
+        Ok(Err(e)) if e.reply_code() == Some(404) => return Err(HoldError::Missing(destination.into())),
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(_)) => {}
+    }
+    let _ = tokio::time::timeout(REQUEST_TIMEOUT, channel.close(200, "checked")).await;
+    declare_held_queue(connection, names, spec, destination).await
+}
+
+async fn declare_held_queue(connection: &Connection, names: &Names, spec: &LadderSpec, destination: &str) -> Result<(), HoldError> {
+    let declaration = plan::held_queue(names, spec, destination);
+    match tokio::time::timeout(REQUEST_TIMEOUT, topology::apply(connection, &[declaration])).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(HoldError::Declare(e.to_string())),
+        Err(_) => Err(HoldError::Declare("the broker did not answer".into())),
+    }
+}
+
+/// Holds `destination` in the ladder: checks it, declares its held queue, and records the hold
+/// by `by` (confirmed). Every replica then puts its due messages into the held queue.
+pub async fn hold(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    destination: &str,
+    by: &str,
+    why: &str,
+) -> Result<HoldRecord, HoldError> {
+    prepare(connection, names, spec, destination).await?;
+    let record = HoldRecord::new(destination, HoldAction::Held, by, why, now_ms());
+    append(connection, &names.holds, HOLD_FORMAT, &record.to_json()).await?;
+    info!(ladder = %spec.name, destination, by, why, "destination hold recorded");
+    Ok(record)
+}
+
+/// Resumes `destination`: records the resume by `by`; its held queue is then released at `rate`
+/// (the ladder's `release_rate` if none), oldest first. The caller checks it is held (the CLI
+/// and the API read the state first).
+pub async fn resume(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    destination: &str,
+    by: &str,
+    rate: Option<Rate>,
+) -> Result<HoldRecord, HoldError> {
+    let mut record = HoldRecord::new(destination, HoldAction::Resumed, by, "", now_ms());
+    record.rate = Some(format_rate(rate.unwrap_or(spec.release_rate)));
+    append(connection, &names.holds, HOLD_FORMAT, &record.to_json()).await?;
+    info!(ladder = %spec.name, destination, by, rate = record.rate.as_deref().unwrap_or("-"), "destination resume recorded");
+    Ok(record)
+}
+
+/// `10/s`, `3/m`, `1/h`: the form [`Rate`] parses.
+pub fn format_rate(rate: Rate) -> String {
+    let unit = match rate.per.as_secs() {
+        60 => "m",
+        3600 => "h",
+        _ => "s",
+    };
+    format!("{}/{unit}", rate.count)
+}
+
+/// The holds of the ladder as the stream says now: read up to a marker appended first.
+pub async fn snapshot(connection: &Connection, names: &Names, spec: &LadderSpec) -> Result<Holds, HoldError> {
+    let shared = SharedHolds::default();
+    let stop = CancellationToken::new();
+    let following = follow(connection, names, spec, &shared, None, &stop);
+    tokio::pin!(following);
+    let deadline = tokio::time::sleep(REQUEST_TIMEOUT);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            ended = &mut following => {
+                ended?;
+                return Err(HoldError::Declare("the hold stream follower stopped".into()));
+            }
+            () = tokio::time::sleep(Duration::from_millis(5)) => {
+                if shared.caught_up() {
+                    stop.cancel();
+                    let _ = (&mut following).await;
+                    return Ok(shared.snapshot());
+                }
+            }
+            () = &mut deadline => return Err(HoldError::Record(CancelError::Timeout(REQUEST_TIMEOUT, "reading the holds"))),
+        }
+    }
+}
+
+/// Follows `names.holds` into `holds` from its first record until `stop`, caught up once it read
+/// its own marker. With `metrics`, transitions read after catching up are logged and counted.
+pub async fn follow(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    holds: &SharedHolds,
+    metrics: Option<&crate::metrics::HoldMetrics>,
+    stop: &CancellationToken,
+) -> Result<(), HoldError> {
+    holds.set_caught_up(false);
+    let marker_id = crate::clock::unique_id("holds");
+    let marker = serde_json::json!({"format": FOLLOW_MARKER_FORMAT, "id": marker_id});
+    append(connection, &names.holds, FOLLOW_MARKER_FORMAT, marker.to_string().as_bytes()).await?;
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    bounded("setting the prefetch", channel.basic_qos(PREFETCH)).await?;
+    let mut args = FieldTable::default();
+    args.set("x-stream-offset", FieldValue::string("first"));
+    let mut consumer = bounded("subscribing to the holds", channel.basic_consume(&names.holds, "", false, args)).await?;
+    loop {
+        let delivery = tokio::select! {
+            () = stop.cancelled() => break,
+            next = consumer.next() => match next {
+                Some(delivery) => delivery?,
+                None => return Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
+            },
+        };
+        match delivery.properties.kind.as_ref().and_then(|k| k.to_str()) {
+            Some(HOLD_FORMAT) => match HoldRecord::from_slice(&delivery.body) {
+                Some(record) => {
+                    if record.action == HoldAction::Held {
+                        // before any due hop may route into it
+                        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+                        while let Err(e) = declare_held_queue(connection, names, spec, &record.destination).await {
+                            warn!(ladder = %spec.name, destination = %record.destination, error = %e, "cannot declare a held queue; trying again");
+                            tokio::select! {
+                                () = tokio::time::sleep(backoff.next_wait()) => {}
+                                () = stop.cancelled() => return Ok(()),
+                            }
+                        }
+                    }
+                    let changed = holds.apply(&record, spec.release_rate);
+                    if let Some(metrics) = metrics {
+                        metrics.held.set(holds.snapshot().held_count() as i64);
+                        if changed && holds.caught_up() {
+                            let kind = match (record.action, record.by == AUTO) {
+                                (HoldAction::Held, true) => "auto_held",
+                                (HoldAction::Resumed, true) => "auto_resumed",
+                                (action, _) => action.code(),
+                            };
+                            metrics.transition(kind);
+                            info!(ladder = %spec.name, destination = %record.destination, transition = kind,
+                                  by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
+                        }
+                    }
+                }
+                None => debug!("an unreadable hold record; skipped"),
+            },
+            Some(FOLLOW_MARKER_FORMAT) => {
+                let ours = serde_json::from_slice::<serde_json::Value>(&delivery.body)
+                    .ok()
+                    .is_some_and(|v| v["id"] == marker_id.as_str());
+                if ours && !holds.caught_up() {
+                    debug!(held = holds.snapshot().held_count(), "holds caught up");
+                    holds.set_caught_up(true);
+                }
+            }
+            _ => {}
+        }
+        channel.basic_ack(delivery.delivery_tag, false)?;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "stopped")).await;
+    Ok(())
+}
+
+/// What a drain was started for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum DrainKind {
+    /// Release the whole queue at `rate`; `since_ms`: the resume it belongs to.
+    Release { rate: Rate, since_ms: u64 },
+    /// A free destination: release stragglers, stop when idle for [`STRAGGLER_GRACE`].
+    Stragglers,
+    /// One message, a probe of an automatically held destination.
+    Probe,
+}
+
+/// The releaser of one ladder, until `stop`: drains the held queue of every destination that is
+/// releasing (and, for a while, of every free one, for stragglers), and runs the automatic
+/// hold's breaker.
+pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, stop: CancellationToken) {
+    let mut drains: HashMap<String, (DrainKind, CancellationToken)> = HashMap::new();
+    let mut tasks: JoinSet<String> = JoinSet::new();
+    // free destinations whose straggler drain ended, by the change it was for
+    let mut drained_free: HashMap<String, u64> = HashMap::new();
+    let mut tick = tokio::time::interval(RELEASER_TICK);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            Some(done) = tasks.join_next() => {
+                if let Ok(destination) = done
+                    && let Some((kind, _)) = drains.remove(&destination)
+                    && kind == DrainKind::Stragglers
+                    && let Some(h) = ladder.holds.snapshot().get(&destination)
+                {
+                    drained_free.insert(destination, h.changed_at_ms);
+                }
+                continue;
+            }
+            _ = tick.tick() => {}
+        }
+        let holds = ladder.holds.snapshot();
+        // the automatic hold
+        let mut probes = Vec::new();
+        if ladder.spec.auto_hold.is_some() {
+            let actions = ladder.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner).poll(now_ms(), |d| {
+                holds.get(d).and_then(|h| match h.state {
+                    HoldState::Held => Some(h.auto()),
+                    _ => None,
+                })
+            });
+            for action in actions {
+                match action {
+                    BreakerAction::Hold { destination, why } => {
+                        warn!(ladder = %ladder.spec.name, destination = %destination, why = %why, "holding a failing destination automatically");
+                        if let Err(e) = hold(&connection, &ladder.names, &ladder.spec, &destination, AUTO, &why).await {
+                            warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic hold failed");
+                        }
+                    }
+                    BreakerAction::Probe { destination } => probes.push(destination),
+                    BreakerAction::Resume { destination } => {
+                        info!(ladder = %ladder.spec.name, destination = %destination, "a probe came through; resuming automatically");
+                        if let Err(e) = resume(&connection, &ladder.names, &ladder.spec, &destination, AUTO, None).await {
+                            warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic resume failed");
+                        }
+                    }
+                }
+            }
+        }
+        // what should run
+        let mut wanted: HashMap<String, DrainKind> = HashMap::new();
+        for h in holds.all() {
+            match h.state {
+                HoldState::Held => {}
+                HoldState::Releasing { rate, since_ms } => {
+                    wanted.insert(h.destination.clone(), DrainKind::Release { rate, since_ms });
+                }
+                HoldState::Free => {
+                    if drained_free.get(&h.destination) != Some(&h.changed_at_ms) {
+                        wanted.insert(h.destination.clone(), DrainKind::Stragglers);
+                    }
+                }
+            }
+        }
+        for destination in probes {
+            if holds.get(&destination).is_some_and(|h| h.state == HoldState::Held) {
+                ladder.metrics.holds.transition("probe");
+                info!(ladder = %ladder.spec.name, destination = %destination, "releasing one message as a probe");
+                wanted.insert(destination, DrainKind::Probe);
+            }
+        }
+        // stop what should not run (a probe runs to its end)
+        drains.retain(|destination, (kind, token)| {
+            let keep = *kind == DrainKind::Probe || wanted.get(destination) == Some(kind);
+            if !keep {
+                token.cancel();
+            }
+            keep
+        });
+        for (destination, kind) in wanted {
+            if drains.contains_key(&destination) {
+                continue;
+            }
+            let token = stop.child_token();
+            drains.insert(destination.clone(), (kind, token.clone()));
+            let span = info_span!("release", ladder = %ladder.spec.name, destination = %destination);
+            let (connection, ladder) = (connection.clone(), ladder.clone());
+            tasks.spawn(
+                async move {
+                    if let Err(e) = drain(&connection, &ladder, &destination, kind, &token).await {
+                        debug!(error = %e, "a release ended; it starts again");
+                        // a pause before it is started again
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            () = token.cancelled() => {}
+                        }
+                    }
+                    destination
+                }
+                .instrument(span),
+            );
+        }
+    }
+    for (_, (_, token)) in drains {
+        token.cancel();
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Drains the held queue of `destination` as `kind` says, until `stop`.
+async fn drain(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+    kind: DrainKind,
+    stop: &CancellationToken,
+) -> Result<(), HoldError> {
+    let queue = ladder.names.held_queue(destination);
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    bounded("setting the prefetch", channel.basic_qos(1)).await?;
+    bounded("selecting confirms", channel.confirm_select()).await?;
+    let mut consumer = match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        channel.basic_consume(&queue, "", false, FieldTable::new()),
+    )
+    .await
+    {
+        Ok(Ok(consumer)) => consumer,
+        // never held on this broker (or deleted by hand): nothing to drain
+        Ok(Err(e)) if e.reply_code() == Some(404) => return Ok(()),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => return Err(HoldError::Declare("the broker did not answer".into())),
+    };
+    let mut pacer = match kind {
+        DrainKind::Release { rate, .. } => Pacer::new(rate),
+        DrainKind::Stragglers | DrainKind::Probe => Pacer::new(ladder.spec.release_rate),
+    };
+    let mut idle_since = Instant::now();
+    let result = loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => break Ok(()),
+            next = tokio::time::timeout(IDLE_CHECK, consumer.next()) => next,
+        };
+        let delivery = match next {
+            Ok(Some(Ok(delivery))) => delivery,
+            Ok(Some(Err(e))) => break Err(e.into()),
+            Ok(None) => break Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
+            Err(_) => {
+                // idle: is the queue empty?
+                match kind {
+                    DrainKind::Release { since_ms, .. } => {
+                        if held_messages(connection, &queue).await == Some(0) {
+                            let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "", now_ms());
+                            record.of = Some(since_ms);
+                            if let Err(e) = append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await {
+                                break Err(e.into());
+                            }
+                            // the follower turns it free; this drain is then stopped
+                            tokio::select! {
+                                () = stop.cancelled() => break Ok(()),
+                                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                            }
+                        }
+                    }
+                    DrainKind::Stragglers if idle_since.elapsed() >= STRAGGLER_GRACE => break Ok(()),
+                    _ => {}
+                }
+                continue;
+            }
+        };
+        // paced: the rate holds from the first message on
+        let wait = pacer.delay(Instant::now());
+        tokio::select! {
+            () = stop.cancelled() => {
+                let _ = channel.basic_nack(delivery.delivery_tag, false, true);
+                break Ok(());
+            }
+            () = tokio::time::sleep(wait) => {}
+        }
+        if let Err(e) = release_one(ladder, &channel, destination, &delivery).await {
+            break Err(e);
+        }
+        channel.basic_ack(delivery.delivery_tag, false)?;
+        ladder.metrics.holds.released_messages.inc();
+        idle_since = Instant::now();
+        if kind == DrainKind::Probe {
+            break Ok(());
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "released")).await;
+    result
+}
+
+/// Ready messages in `queue`, if the broker says.
+async fn held_messages(connection: &Connection, queue: &str) -> Option<u32> {
+    let channel = tokio::time::timeout(REQUEST_TIMEOUT, connection.create_channel()).await.ok()?.ok()?;
+    let passive = QueueOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let info = tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_declare(queue, passive, FieldTable::new()))
+        .await
+        .ok()?
+        .ok();
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "counted")).await;
+    info.map(|i| i.message_count)
+}
+
+/// Publishes one held message to `destination` (mandatory, confirmed) until the broker takes
+/// it: a refusal (a full destination) is tried again with backoff, a return parks it.
+async fn release_one(
+    ladder: &LadderRuntime,
+    channel: &ladder_amqp::Channel,
+    destination: &str,
+    delivery: &Delivery,
+) -> Result<(), HoldError> {
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        let confirm = channel.basic_publish("", destination, true, &delivery.properties, &delivery.body)?;
+        match confirm.await? {
+            Confirmation::Ack => {
+                ladder.metrics.delivered(Duration::ZERO);
+                ladder
+                    .breaker
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .delivered(destination, now_ms());
+                return Ok(());
+            }
+            Confirmation::Returned(returned) => {
+                let forward = Forward {
+                    exchange: String::new(),
+                    routing_key: destination.into(),
+                    properties: delivery.properties.clone(),
+                    destination: destination.into(),
+                    attempt: 0,
+                    late_ms: 0,
+                    kind: ForwardKind::Deliver,
+                };
+                let park = protocol::no_route(
+                    Hop::Due,
+                    &delivery.properties,
+                    &forward,
+                    returned.reply_code,
+                    &returned.reply_text,
+                );
+                relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
+                return Ok(());
+            }
+            Confirmation::Nack | Confirmation::NotRequested => {
+                let pause = backoff.next_wait();
+                warn!(ladder = %ladder.spec.name, destination, retry_in = ?pause, "the destination refused a released message; holding it and trying again");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}

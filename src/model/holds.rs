@@ -1,0 +1,791 @@
+//! Destination holds (a circuit breaker per destination queue): the record format
+//! `ladder.hold/v1` of the ladder's hold stream `N.L.holds`, the state every replica rebuilds
+//! by following it ([`Holds`]), and the automatic hold's breaker ([`Breaker`]): a sliding
+//! window of deliveries and failures per destination, its thresholds and its damping.
+//!
+//! Pure: the caller hands in the time and the records; nothing here reads a clock or talks to
+//! the broker. The state is a cache of the stream, never the truth.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::lot::pace::Rate;
+
+/// The record format of a hold, a resume or the end of a release in `N.L.holds`.
+pub const HOLD_FORMAT: &str = "ladder.hold/v1";
+
+/// Destinations one ladder tracks in its hold state at most (held, releasing, or with a held
+/// queue that may still hold a straggler); the oldest free one goes first. Every one costs a
+/// consumer while it is not held, so the bound is also a bound on those.
+pub const MAX_HOLDS: usize = 1_000;
+
+/// Destinations the automatic hold watches at most per ladder; the least recently seen go
+/// first. A window costs [`WINDOW_BUCKETS`] × 16 bytes plus the name.
+pub const MAX_WATCHED: usize = 10_000;
+
+/// A window is counted in this many buckets: it slides by a tenth of itself.
+pub const WINDOW_BUCKETS: u64 = 10;
+
+/// `why` is cut to this many bytes.
+pub const MAX_WHY_BYTES: usize = 512;
+
+/// Who an automatic hold or resume is recorded as.
+pub const AUTO: &str = "auto";
+
+/// What a hold record says happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HoldAction {
+    /// Due messages for the destination go into its held queue instead.
+    Held,
+    /// The held queue is released at `rate`; new due messages queue behind it until it is empty.
+    Resumed,
+    /// The release named by `of` (the resume's `at_ms`) found the held queue empty: due
+    /// messages flow straight to the destination again.
+    Released,
+}
+
+impl HoldAction {
+    /// The metric label and the log word.
+    pub fn code(self) -> &'static str {
+        match self {
+            HoldAction::Held => "held",
+            HoldAction::Resumed => "resumed",
+            HoldAction::Released => "released",
+        }
+    }
+}
+
+/// One record of `N.L.holds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldRecord {
+    /// [`HOLD_FORMAT`].
+    pub format: String,
+    /// The destination queue.
+    pub destination: String,
+    /// What happened.
+    pub action: HoldAction,
+    /// Who: a token's name, the CLI's user, or [`AUTO`].
+    pub by: String,
+    /// Why (at most [`MAX_WHY_BYTES`]).
+    #[serde(default)]
+    pub why: String,
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// Resume: the release rate (`10/s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Released: the `at_ms` of the resume whose release ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of: Option<u64>,
+}
+
+impl HoldRecord {
+    /// A record of `action` on `destination`.
+    pub fn new(destination: &str, action: HoldAction, by: &str, why: &str, at_ms: u64) -> Self {
+        HoldRecord {
+            format: HOLD_FORMAT.into(),
+            destination: destination.into(),
+            action,
+            by: by.into(),
+            why: cut(why, MAX_WHY_BYTES).into(),
+            at_ms,
+            rate: None,
+            of: None,
+        }
+    }
+
+    /// The record body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A record body back, if it is a hold record.
+    pub fn from_slice(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<HoldRecord>(body)
+            .ok()
+            .filter(|r| r.format == HOLD_FORMAT && !r.destination.is_empty())
+    }
+
+    /// The release rate a resume asked for, if it names a valid one.
+    pub fn release_rate(&self) -> Option<Rate> {
+        self.rate.as_deref().and_then(|r| r.parse().ok())
+    }
+}
+
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Where one destination stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldState {
+    /// Its due messages go into its held queue; nothing is delivered to it.
+    Held,
+    /// Its held queue is being released at `rate`; due messages go behind the release.
+    Releasing {
+        /// The release rate.
+        rate: Rate,
+        /// The resume's `at_ms`, which the end of this release names.
+        since_ms: u64,
+    },
+    /// Due messages are delivered; its held queue (if anything straggled into it) drains at the
+    /// default rate.
+    Free,
+}
+
+/// What a replica knows about one destination's hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationHold {
+    /// The destination queue.
+    pub destination: String,
+    /// Where it stands.
+    pub state: HoldState,
+    /// Who made the last transition.
+    pub by: String,
+    /// Why.
+    pub why: String,
+    /// When the last hold began (ms since the epoch); kept through the release.
+    pub held_since_ms: u64,
+    /// When the last transition happened.
+    pub changed_at_ms: u64,
+}
+
+impl DestinationHold {
+    /// Whether the due hop must put its messages into the held queue.
+    pub fn holds_back(&self) -> bool {
+        !matches!(self.state, HoldState::Free)
+    }
+
+    /// Whether an automatic hold holds it.
+    pub fn auto(&self) -> bool {
+        self.by == AUTO
+    }
+
+    /// The state's word: `held`, `releasing`, `free`.
+    pub fn state_code(&self) -> &'static str {
+        match self.state {
+            HoldState::Held => "held",
+            HoldState::Releasing { .. } => "releasing",
+            HoldState::Free => "free",
+        }
+    }
+}
+
+/// The holds of one ladder, by destination.
+#[derive(Debug, Default, Clone)]
+pub struct Holds {
+    by_destination: BTreeMap<String, DestinationHold>,
+}
+
+impl Holds {
+    /// Applies one record (in stream order); `default_rate` releases a resume that names none.
+    /// Returns whether it changed anything.
+    pub fn apply(&mut self, record: &HoldRecord, default_rate: Rate) -> bool {
+        let current = self.by_destination.get(&record.destination);
+        let next = match (record.action, current.map(|c| c.state)) {
+            (HoldAction::Held, Some(HoldState::Held)) => return false,
+            (HoldAction::Held, _) => DestinationHold {
+                destination: record.destination.clone(),
+                state: HoldState::Held,
+                by: record.by.clone(),
+                why: record.why.clone(),
+                held_since_ms: record.at_ms,
+                changed_at_ms: record.at_ms,
+            },
+            (HoldAction::Resumed, Some(HoldState::Held)) => {
+                let current = current.expect("matched Some");
+                DestinationHold {
+                    state: HoldState::Releasing {
+                        rate: record.release_rate().unwrap_or(default_rate),
+                        since_ms: record.at_ms,
+                    },
+                    by: record.by.clone(),
+                    why: record.why.clone(),
+                    changed_at_ms: record.at_ms,
+                    ..current.clone()
+                }
+            }
+            (HoldAction::Released, Some(HoldState::Releasing { since_ms, .. })) if record.of == Some(since_ms) => {
+                DestinationHold {
+                    state: HoldState::Free,
+                    changed_at_ms: record.at_ms,
+                    ..current.expect("matched Some").clone()
+                }
+            }
+            // a resume of what is not held, or the end of another release: nothing to do
+            _ => return false,
+        };
+        self.by_destination.insert(record.destination.clone(), next);
+        if self.by_destination.len() > MAX_HOLDS {
+            let oldest_free = self
+                .by_destination
+                .values()
+                .filter(|h| h.state == HoldState::Free)
+                .min_by_key(|h| h.changed_at_ms)
+                .map(|h| h.destination.clone());
+            if let Some(oldest) = oldest_free {
+                self.by_destination.remove(&oldest);
+            }
+        }
+        true
+    }
+
+    /// The hold of `destination`, if it has one.
+    pub fn get(&self, destination: &str) -> Option<&DestinationHold> {
+        self.by_destination.get(destination)
+    }
+
+    /// Whether the due hop must put `destination`'s messages into its held queue.
+    pub fn holds_back(&self, destination: &str) -> bool {
+        self.by_destination.get(destination).is_some_and(DestinationHold::holds_back)
+    }
+
+    /// Every destination known, by name.
+    pub fn all(&self) -> impl Iterator<Item = &DestinationHold> {
+        self.by_destination.values()
+    }
+
+    /// How many are held or releasing.
+    pub fn held_count(&self) -> usize {
+        self.all().filter(|h| h.holds_back()).count()
+    }
+
+    /// Whether nothing is held back.
+    pub fn none_held(&self) -> bool {
+        self.by_destination.values().all(|h| !h.holds_back())
+    }
+}
+
+/// [`Holds`] shared between the follower that fills it, the relay loops that read it and the
+/// releaser; the lock is never held across an await. `caught_up`: the follower has read the
+/// stream to a marker it appended itself (until then a due message may not be delivered).
+#[derive(Debug, Default)]
+pub struct SharedHolds {
+    inner: RwLock<Holds>,
+    any_held: std::sync::atomic::AtomicBool,
+    caught_up: std::sync::atomic::AtomicBool,
+}
+
+impl SharedHolds {
+    /// Applies one record; whether it changed anything.
+    pub fn apply(&self, record: &HoldRecord, default_rate: Rate) -> bool {
+        let mut holds = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let changed = holds.apply(record, default_rate);
+        self.any_held
+            .store(!holds.none_held(), std::sync::atomic::Ordering::Release);
+        changed
+    }
+
+    /// Whether the due hop must put `destination`'s messages into its held queue (one atomic
+    /// read while nothing is held).
+    pub fn holds_back(&self, destination: &str) -> bool {
+        self.any_held.load(std::sync::atomic::Ordering::Acquire)
+            && self.inner.read().unwrap_or_else(PoisonError::into_inner).holds_back(destination)
+    }
+
+    /// A copy of the state.
+    pub fn snapshot(&self) -> Holds {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The follower read the stream as far as it went when following began.
+    pub fn set_caught_up(&self, caught_up: bool) {
+        self.caught_up.store(caught_up, std::sync::atomic::Ordering::Release);
+    }
+
+    /// See [`SharedHolds::set_caught_up`].
+    pub fn caught_up(&self) -> bool {
+        self.caught_up.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The automatic hold of one ladder (config `[auto_hold]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoHoldPolicy {
+    /// The sliding window failures are counted over.
+    pub window: Duration,
+    /// Deliveries in the window below this never trip.
+    pub min_deliveries: u32,
+    /// Failures per delivery, in thousandths, at or above which it trips (900 = 90 %).
+    pub failure_permille: u32,
+    /// While auto-held, one probe this often once the hold's minimum time has passed; a probe
+    /// with no failure back within this time resumes the destination.
+    pub probe_every: Duration,
+    /// The longest minimum hold (the damping doubles up to it).
+    pub max_hold: Duration,
+}
+
+/// A sliding window of deliveries and failures, in [`WINDOW_BUCKETS`] buckets.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    /// (bucket number, deliveries, failures), oldest first.
+    buckets: VecDeque<(u64, u32, u32)>,
+}
+
+impl Window {
+    fn bucket_ms(window: Duration) -> u64 {
+        (window.as_millis() as u64 / WINDOW_BUCKETS).max(1)
+    }
+
+    fn slot(&mut self, window: Duration, now_ms: u64) -> &mut (u64, u32, u32) {
+        let n = now_ms / Self::bucket_ms(window);
+        self.expire(window, now_ms);
+        if self.buckets.back().is_none_or(|b| b.0 != n) {
+            self.buckets.push_back((n, 0, 0));
+        }
+        self.buckets.back_mut().expect("pushed")
+    }
+
+    fn expire(&mut self, window: Duration, now_ms: u64) {
+        let n = now_ms / Self::bucket_ms(window);
+        while self.buckets.front().is_some_and(|b| b.0 + WINDOW_BUCKETS <= n) {
+            self.buckets.pop_front();
+        }
+    }
+
+    /// Counts a delivery at `now_ms`.
+    pub fn delivered(&mut self, window: Duration, now_ms: u64) {
+        let b = self.slot(window, now_ms);
+        b.1 = b.1.saturating_add(1);
+    }
+
+    /// Counts a failure at `now_ms`.
+    pub fn failed(&mut self, window: Duration, now_ms: u64) {
+        let b = self.slot(window, now_ms);
+        b.2 = b.2.saturating_add(1);
+    }
+
+    /// (deliveries, failures) within the window ending at `now_ms`.
+    pub fn totals(&mut self, window: Duration, now_ms: u64) -> (u64, u64) {
+        self.expire(window, now_ms);
+        self.buckets
+            .iter()
+            .fold((0, 0), |(d, f), b| (d + u64::from(b.1), f + u64::from(b.2)))
+    }
+
+    fn clear(&mut self) {
+        self.buckets.clear();
+    }
+}
+
+/// Where the breaker of one destination stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Counting.
+    Closed,
+    /// Auto-held until `until_ms`; then a probe. `probe_at_ms`: the probe in flight.
+    Open { until_ms: u64, probe_at_ms: Option<u64> },
+}
+
+#[derive(Debug, Clone)]
+struct Watch {
+    window: Window,
+    phase: Phase,
+    /// Trips without a resume that lasted: each doubles the minimum hold.
+    trips: u32,
+    /// When it was last resumed (a resume that lasts [`AutoHoldPolicy::max_hold`] forgets the trips).
+    closed_at_ms: u64,
+    seen_ms: u64,
+}
+
+/// What the breaker wants done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BreakerAction {
+    /// Hold it (record by [`AUTO`], with this reason).
+    Hold {
+        /// The destination.
+        destination: String,
+        /// Why, for the record.
+        why: String,
+    },
+    /// Release one message from its held queue as a probe.
+    Probe {
+        /// The destination.
+        destination: String,
+    },
+    /// Resume it (by [`AUTO`]): the probe came through.
+    Resume {
+        /// The destination.
+        destination: String,
+    },
+}
+
+/// The automatic hold of one ladder, as one replica sees it: every destination's window, and
+/// the half-open probing of the ones it holds. Fed by the due hop (deliveries) and the intake
+/// (failures: messages back for the destination with `retry-attempt` ≥ 1).
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    policy: AutoHoldPolicy,
+    watched: HashMap<String, Watch>,
+}
+
+impl Breaker {
+    /// A breaker with `policy`.
+    pub fn new(policy: AutoHoldPolicy) -> Self {
+        Breaker {
+            policy,
+            watched: HashMap::new(),
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &AutoHoldPolicy {
+        &self.policy
+    }
+
+    fn watch(&mut self, destination: &str, now_ms: u64) -> &mut Watch {
+        if !self.watched.contains_key(destination) && self.watched.len() >= MAX_WATCHED {
+            let stalest = self
+                .watched
+                .iter()
+                .filter(|(_, w)| w.phase == Phase::Closed)
+                .min_by_key(|(_, w)| w.seen_ms)
+                .map(|(d, _)| d.clone());
+            if let Some(stalest) = stalest {
+                self.watched.remove(&stalest);
+            }
+        }
+        let w = self.watched.entry(destination.to_string()).or_insert_with(|| Watch {
+            window: Window::default(),
+            phase: Phase::Closed,
+            trips: 0,
+            closed_at_ms: now_ms,
+            seen_ms: now_ms,
+        });
+        w.seen_ms = now_ms;
+        w
+    }
+
+    /// The due hop delivered a message to `destination`.
+    pub fn delivered(&mut self, destination: &str, now_ms: u64) {
+        let window = self.policy.window;
+        self.watch(destination, now_ms).window.delivered(window, now_ms);
+    }
+
+    /// A message delivered to `destination` came back failed. While a probe is out, that is the
+    /// probe failing: the hold starts again, twice as long.
+    pub fn failed(&mut self, destination: &str, now_ms: u64) {
+        let policy = self.policy;
+        let w = self.watch(destination, now_ms);
+        w.window.failed(policy.window, now_ms);
+        if let Phase::Open { probe_at_ms: Some(_), .. } = w.phase {
+            w.trips = w.trips.saturating_add(1);
+            w.phase = Phase::Open {
+                until_ms: now_ms + min_hold(&policy, w.trips),
+                probe_at_ms: None,
+            };
+        }
+    }
+
+    /// What to do at `now_ms`. `hold_of` says how a destination is held now (from the stream):
+    /// `None` free, `Some(true)` held by the automatic hold, `Some(false)` by an operator (never
+    /// probed or resumed automatically).
+    pub fn poll(&mut self, now_ms: u64, hold_of: impl Fn(&str) -> Option<bool>) -> Vec<BreakerAction> {
+        let policy = self.policy;
+        let mut actions = Vec::new();
+        for (destination, w) in &mut self.watched {
+            let held = hold_of(destination);
+            match (w.phase, held) {
+                (Phase::Closed, None) => {
+                    if now_ms.saturating_sub(w.closed_at_ms) >= duration_ms(policy.max_hold) {
+                        w.trips = 0;
+                    }
+                    let (delivered, failed) = w.window.totals(policy.window, now_ms);
+                    if delivered >= u64::from(policy.min_deliveries)
+                        && delivered > 0
+                        && failed * 1000 >= u64::from(policy.failure_permille) * delivered
+                    {
+                        w.trips = w.trips.saturating_add(1);
+                        w.phase = Phase::Open {
+                            until_ms: now_ms + min_hold(&policy, w.trips),
+                            probe_at_ms: None,
+                        };
+                        w.window.clear();
+                        actions.push(BreakerAction::Hold {
+                            destination: destination.clone(),
+                            why: format!(
+                                "{failed} of {delivered} deliveries failed within {}",
+                                humantime::format_duration(policy.window)
+                            ),
+                        });
+                    }
+                }
+                // held automatically by another replica (or before a restart): probe it too
+                (Phase::Closed, Some(true)) => {
+                    w.phase = Phase::Open {
+                        until_ms: now_ms + min_hold(&policy, w.trips.max(1)),
+                        probe_at_ms: None,
+                    };
+                }
+                (Phase::Open { until_ms, probe_at_ms }, Some(true)) => match probe_at_ms {
+                    None if now_ms >= until_ms => {
+                        w.phase = Phase::Open {
+                            until_ms,
+                            probe_at_ms: Some(now_ms),
+                        };
+                        actions.push(BreakerAction::Probe {
+                            destination: destination.clone(),
+                        });
+                    }
+                    Some(at) if now_ms.saturating_sub(at) >= duration_ms(policy.probe_every) => {
+                        w.phase = Phase::Closed;
+                        w.closed_at_ms = now_ms;
+                        w.window.clear();
+                        actions.push(BreakerAction::Resume {
+                            destination: destination.clone(),
+                        });
+                    }
+                    _ => {}
+                },
+                // resumed or held by an operator meanwhile: the operator decides
+                (Phase::Open { .. }, None | Some(false)) => {
+                    w.phase = Phase::Closed;
+                    w.closed_at_ms = now_ms;
+                    w.window.clear();
+                }
+                (Phase::Closed, Some(false)) => w.window.clear(),
+            }
+        }
+        actions
+    }
+
+    /// Destinations watched, with (deliveries, failures) in the window, busiest first, at most
+    /// `limit`.
+    pub fn busiest(&mut self, now_ms: u64, limit: usize) -> Vec<(String, u64, u64)> {
+        let window = self.policy.window;
+        let mut all: Vec<(String, u64, u64)> = self
+            .watched
+            .iter_mut()
+            .map(|(d, w)| {
+                let (delivered, failed) = w.window.totals(window, now_ms);
+                (d.clone(), delivered, failed)
+            })
+            .filter(|(_, d, f)| d + f > 0)
+            .collect();
+        all.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(&b.0)));
+        all.truncate(limit);
+        all
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// The minimum hold after `trips` trips in a row: the window, doubled for each trip after the
+/// first, at most `max_hold` (and never less than the window).
+pub fn min_hold(policy: &AutoHoldPolicy, trips: u32) -> u64 {
+    let window = duration_ms(policy.window);
+    let doubled = window.saturating_mul(1u64 << trips.saturating_sub(1).min(32));
+    doubled.min(duration_ms(policy.max_hold).max(window))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate() -> Rate {
+        "10/s".parse().unwrap()
+    }
+
+    fn record(dest: &str, action: HoldAction, at: u64) -> HoldRecord {
+        HoldRecord::new(dest, action, "alice", "down", at)
+    }
+
+    #[test]
+    fn a_hold_is_released_only_by_the_end_of_its_own_release() {
+        let mut holds = Holds::default();
+        assert!(!holds.holds_back("orders"));
+        assert!(holds.apply(&record("orders", HoldAction::Held, 10), rate()));
+        assert!(holds.holds_back("orders") && !holds.holds_back("billing"));
+        assert!(!holds.apply(&record("orders", HoldAction::Held, 11), rate()), "a repeat changes nothing");
+        let mut resume = record("orders", HoldAction::Resumed, 20);
+        resume.rate = Some("3/s".into());
+        assert!(holds.apply(&resume, rate()));
+        let h = holds.get("orders").unwrap();
+        assert_eq!(h.state, HoldState::Releasing { rate: "3/s".parse().unwrap(), since_ms: 20 });
+        assert_eq!(h.held_since_ms, 10);
+        assert!(holds.holds_back("orders"), "new messages queue behind the release");
+        // a stale end (of another release) is ignored
+        let mut stale = record("orders", HoldAction::Released, 30);
+        stale.of = Some(5);
+        assert!(!holds.apply(&stale, rate()));
+        let mut end = record("orders", HoldAction::Released, 31);
+        end.of = Some(20);
+        assert!(holds.apply(&end, rate()));
+        assert!(!holds.holds_back("orders") && holds.none_held());
+        assert_eq!(holds.get("orders").unwrap().state, HoldState::Free);
+        // a resume of what is not held does nothing
+        assert!(!holds.apply(&record("billing", HoldAction::Resumed, 40), rate()));
+        // held again during a release: the release's end no longer frees it
+        holds.apply(&record("x", HoldAction::Held, 50), rate());
+        holds.apply(&record("x", HoldAction::Resumed, 60), rate());
+        holds.apply(&record("x", HoldAction::Held, 70), rate());
+        let mut late = record("x", HoldAction::Released, 80);
+        late.of = Some(60);
+        assert!(!holds.apply(&late, rate()));
+        assert_eq!(holds.get("x").unwrap().state, HoldState::Held);
+        assert_eq!(holds.held_count(), 1);
+    }
+
+    #[test]
+    fn records_round_trip_and_odd_ones_are_refused() {
+        let mut r = record("orders", HoldAction::Resumed, 42);
+        r.rate = Some("5/s".into());
+        assert_eq!(HoldRecord::from_slice(&r.to_json()), Some(r.clone()));
+        assert_eq!(r.release_rate(), Some("5/s".parse().unwrap()));
+        assert_eq!(HoldRecord::from_slice(b"{}"), None);
+        assert_eq!(HoldRecord::from_slice(br#"{"format":"ladder.marker/v1"}"#), None);
+        let long = HoldRecord::new("q", HoldAction::Held, "a", &"é".repeat(600), 1);
+        assert!(long.why.len() <= MAX_WHY_BYTES);
+        // the default rate covers a resume without one (or with a bad one)
+        let mut holds = Holds::default();
+        holds.apply(&record("q", HoldAction::Held, 1), rate());
+        let mut bad = record("q", HoldAction::Resumed, 2);
+        bad.rate = Some("fast".into());
+        holds.apply(&bad, rate());
+        assert_eq!(holds.get("q").unwrap().state, HoldState::Releasing { rate: rate(), since_ms: 2 });
+    }
+
+    #[test]
+    fn the_hold_state_stays_bounded_dropping_free_destinations_first() {
+        let mut holds = Holds::default();
+        for i in 0..MAX_HOLDS as u64 + 5 {
+            let d = format!("q{i}");
+            holds.apply(&record(&d, HoldAction::Held, i), rate());
+            holds.apply(&record(&d, HoldAction::Resumed, i), rate());
+            let mut end = record(&d, HoldAction::Released, i);
+            end.of = Some(i);
+            holds.apply(&end, rate());
+        }
+        holds.apply(&record("kept", HoldAction::Held, 9_999), rate());
+        assert!(holds.all().count() <= MAX_HOLDS);
+        assert!(holds.holds_back("kept"));
+    }
+
+    fn policy() -> AutoHoldPolicy {
+        AutoHoldPolicy {
+            window: Duration::from_secs(60),
+            min_deliveries: 50,
+            failure_permille: 900,
+            probe_every: Duration::from_secs(10),
+            max_hold: Duration::from_secs(600),
+        }
+    }
+
+    #[test]
+    fn the_window_slides_by_buckets() {
+        let w60 = Duration::from_secs(60);
+        let mut w = Window::default();
+        w.delivered(w60, 0);
+        w.failed(w60, 5_999);
+        w.delivered(w60, 30_000);
+        assert_eq!(w.totals(w60, 30_000), (2, 1));
+        // the first bucket (0..6 s) leaves the window 60 s after it began
+        assert_eq!(w.totals(w60, 59_999), (2, 1));
+        assert_eq!(w.totals(w60, 60_000), (1, 0));
+        assert_eq!(w.totals(w60, 90_000), (0, 0));
+    }
+
+    #[test]
+    fn the_breaker_trips_at_the_threshold_and_not_below() {
+        let free = |_: &str| None;
+        let mut b = Breaker::new(policy());
+        // 49 deliveries all failing: too few to judge
+        for i in 0..49 {
+            b.delivered("orders", i);
+            b.failed("orders", i);
+        }
+        assert!(b.poll(100, free).is_empty());
+        // 50 with 44 failures (88 %): below 90 %
+        let mut c = Breaker::new(policy());
+        for i in 0..50 {
+            c.delivered("orders", i);
+            if i < 44 {
+                c.failed("orders", i);
+            }
+        }
+        assert!(c.poll(100, free).is_empty());
+        c.failed("orders", 100); // 45 of 50 = 90 %
+        let actions = c.poll(101, free);
+        assert!(
+            matches!(&actions[..], [BreakerAction::Hold { destination, why }] if destination == "orders" && why.contains("45 of 50")),
+            "{actions:?}"
+        );
+        // a healthy neighbour is not touched
+        for i in 0..100 {
+            c.delivered("billing", i);
+        }
+        assert!(c.poll(102, |d| (d == "orders").then_some(true)).is_empty());
+    }
+
+    #[test]
+    fn half_open_probes_resume_on_success_and_damp_on_failure() {
+        let auto = |d: &str| (d == "orders").then_some(true);
+        let mut b = Breaker::new(policy());
+        let trip = |b: &mut Breaker, at: u64| {
+            for i in 0..50 {
+                b.delivered("orders", at + i);
+                b.failed("orders", at + i);
+            }
+            b.poll(at + 50, |_| None)
+        };
+        assert_eq!(trip(&mut b, 0).len(), 1);
+        // held for at least the window: no probe before
+        assert!(b.poll(60_000, auto).is_empty());
+        assert_eq!(b.poll(60_050, auto), [BreakerAction::Probe { destination: "orders".into() }]);
+        // the probe fails: held again, now for twice the window
+        b.failed("orders", 61_000);
+        assert!(b.poll(61_000 + 119_999, auto).is_empty());
+        assert_eq!(b.poll(61_000 + 120_000, auto), [BreakerAction::Probe { destination: "orders".into() }]);
+        // this probe comes through: resumed one probe period later
+        assert!(b.poll(181_000 + 9_999, auto).is_empty());
+        assert_eq!(b.poll(181_000 + 10_000, auto), [BreakerAction::Resume { destination: "orders".into() }]);
+        // tripping again right after doubles again (third trip: 4 × window)
+        assert_eq!(trip(&mut b, 200_000).len(), 1);
+        assert!(b.poll(200_050 + 239_999, auto).is_empty());
+        assert_eq!(b.poll(200_050 + 240_000, auto).len(), 1);
+    }
+
+    #[test]
+    fn damping_is_capped_and_forgotten_after_a_lasting_resume() {
+        let p = policy();
+        assert_eq!(min_hold(&p, 1), 60_000);
+        assert_eq!(min_hold(&p, 2), 120_000);
+        assert_eq!(min_hold(&p, 30), 600_000);
+        let mut b = Breaker::new(p);
+        b.trips_for_test("orders", 5, 0);
+        b.poll(600_000, |_| None);
+        assert_eq!(b.watched["orders"].trips, 0);
+    }
+
+    #[test]
+    fn an_operator_hold_is_never_probed_or_resumed_automatically() {
+        let mut b = Breaker::new(policy());
+        for i in 0..60 {
+            b.delivered("orders", i);
+            b.failed("orders", i);
+        }
+        assert!(b.poll(100, |_| Some(false)).is_empty());
+        assert!(b.poll(1_000_000, |_| Some(false)).is_empty());
+    }
+
+    impl Breaker {
+        fn trips_for_test(&mut self, d: &str, trips: u32, closed_at_ms: u64) {
+            let w = self.watch(d, closed_at_ms);
+            w.trips = trips;
+            w.closed_at_ms = closed_at_ms;
+        }
+    }
+}
