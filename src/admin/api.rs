@@ -141,6 +141,11 @@ pub fn authorize<'a>(tokens: &'a [OperatorToken], presented: Option<&str>) -> Re
 pub struct ApiError(StatusCode, String);
 
 impl ApiError {
+    /// An error answered with `status`.
+    pub(crate) fn new(status: StatusCode, text: String) -> Self {
+        ApiError(status, text)
+    }
+
     /// The HTTP status for a parking-lot error.
     pub fn status(e: &ParkingError) -> StatusCode {
         Self::status_of(e.kind())
@@ -500,7 +505,7 @@ fn bearer_token(value: &str) -> Option<&str> {
 }
 
 /// The caller's name from `Authorization: Bearer <token>`, or the refusal (logged).
-fn caller(state: &AdminState, headers: &HeaderMap, ladder: &str, what: &str) -> Result<String, ApiError> {
+pub(crate) fn caller(state: &AdminState, headers: &HeaderMap, ladder: &str, what: &str) -> Result<String, ApiError> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -26,7 +26,10 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::broker::lot::{ActIndex, ErrorKind, Outcome, Page, PageRequest, ParkingError, ParkingLot, ReplayOptions};
 use crate::broker::supervisor as service;
 use crate::config::Config;
+use crate::broker::holds::HoldError;
 use crate::model::cancels::Cancellation;
+use crate::model::holds::{HoldRecord, HoldState, Holds};
+use crate::model::lot::pace::Rate;
 use crate::model::ladder::LadderSpec;
 use crate::model::lot::filter::Filter;
 use crate::model::lot::index::{Counts, SharedIndex};
@@ -330,6 +333,48 @@ impl Desk {
         let names = crate::model::names::Names::new(&self.config.namespace, &lot.spec.name);
         let connection = self.connection().await?;
         Ok(crate::broker::cancels::cancel(&connection, &names, message_id, by).await?)
+    }
+
+    /// Holds `destination` in `ladder` for every replica (checked: allowed, exists); the record
+    /// is in the ladder's hold stream once this returns.
+    pub async fn hold(&self, ladder: &str, destination: &str, by: &str, why: &str) -> Result<HoldRecord, HoldError> {
+        let (spec, names) = self.spec_names(ladder)?;
+        let connection = self.connection().await.map_err(|e| HoldError::Declare(e.to_string()))?;
+        crate::broker::holds::hold(&connection, &names, &spec, destination, by, why).await
+    }
+
+    /// Resumes `destination` in `ladder` (refused unless the stream says it is held): released
+    /// at `rate`, the ladder's `release_rate` if `None`.
+    pub async fn resume(&self, ladder: &str, destination: &str, by: &str, rate: Option<Rate>) -> Result<HoldRecord, HoldError> {
+        let (spec, names) = self.spec_names(ladder)?;
+        let connection = self.connection().await.map_err(|e| HoldError::Declare(e.to_string()))?;
+        let holds = crate::broker::holds::snapshot(&connection, &names, &spec).await?;
+        if !holds.get(destination).is_some_and(|h| h.state == HoldState::Held) {
+            return Err(HoldError::NotHeld(destination.into()));
+        }
+        crate::broker::holds::resume(&connection, &names, &spec, destination, by, rate).await
+    }
+
+    /// The holds of `ladder` as its stream says now.
+    pub async fn holds(&self, ladder: &str) -> Result<Holds, HoldError> {
+        let (spec, names) = self.spec_names(ladder)?;
+        let connection = self.connection().await.map_err(|e| HoldError::Declare(e.to_string()))?;
+        crate::broker::holds::snapshot(&connection, &names, &spec).await
+    }
+
+    /// Messages waiting in the held queue of `destination` in `ladder`, if the broker says.
+    pub async fn held_depth(&self, ladder: &str, destination: &str) -> Option<u32> {
+        let (_, names) = self.spec_names(ladder).ok()?;
+        let connection = self.connection().await.ok()?;
+        crate::broker::holds::depth(&connection, &names.held_queue(destination)).await
+    }
+
+    fn spec_names(&self, ladder: &str) -> Result<(LadderSpec, crate::model::names::Names), HoldError> {
+        let lot = self.lot(ladder).map_err(|e| HoldError::UnknownLadder(e.to_string()))?;
+        Ok((
+            lot.spec.clone(),
+            crate::model::names::Names::new(&self.config.namespace, &lot.spec.name),
+        ))
     }
 
     /// How far `ladder`'s index is, and what it holds.

@@ -21,6 +21,7 @@ pub mod charts;
 pub mod desk;
 pub mod guard;
 pub mod history;
+pub mod holds;
 pub mod openapi;
 pub mod poller;
 pub mod router;

@@ -221,6 +221,9 @@ fn paths() -> Value {
             },
         }},
     });
+    if let (Some(all), Value::Object(more)) = (paths.as_object_mut(), holds_paths()) {
+        all.extend(more);
+    }
     if let (Some(all), Value::Object(more)) = (paths.as_object_mut(), parked) {
         all.extend(more);
     }
@@ -341,6 +344,135 @@ fn edit_replay() -> Value {
     op["requestBody"]["content"]["application/json"]["schema"] = json!({"$ref": "#/components/schemas/Edit"});
     op["responses"]["409"] = error("another replay or discard of the ladder runs");
     op
+}
+
+/// The destination-hold routes (`src/admin/holds.rs`).
+fn holds_paths() -> Value {
+    json!({
+        "/api/ladders/{ladder}/holds": {
+            "get": {
+                "operationId": "listHolds",
+                "summary": "the held (or releasing) destinations, and the busiest this replica saw",
+                "description": "Read from the ladder's stream `N.L.holds` up to a marker appended first, so a hold \
+                    recorded through any replica is in the answer. `busiest` is this replica's own count of \
+                    deliveries and failures back per destination over the breaker's window.",
+                "parameters": [{"$ref": "#/components/parameters/ladder"}],
+                "responses": {
+                    "200": {"description": "the holds", "content": {"application/json": {"schema": {
+                        "type": "object",
+                        "additionalProperties": false,
+                        "required": ["ladder", "holds", "busiest", "window_ms"],
+                        "properties": {
+                            "ladder": {"type": "string"},
+                            "window_ms": count(),
+                            "holds": {"type": "array", "items": {
+                                "type": "object",
+                                "additionalProperties": false,
+                                "required": ["destination", "state", "by", "why", "held_since_ms", "changed_at_ms", "held_queue", "messages"],
+                                "properties": {
+                                    "destination": {"type": "string"},
+                                    "state": {"type": "string", "enum": ["held", "releasing"]},
+                                    "by": {"type": "string"},
+                                    "why": {"type": "string"},
+                                    "held_since_ms": count(),
+                                    "changed_at_ms": count(),
+                                    "rate": {"type": "string"},
+                                    "held_queue": {"type": "string"},
+                                    "messages": {"type": "integer", "minimum": 0, "nullable": true},
+                                },
+                            }},
+                            "busiest": {"type": "array", "maxItems": crate::admin::holds::BUSIEST, "items": {
+                                "type": "object",
+                                "additionalProperties": false,
+                                "required": ["destination", "delivered", "failed"],
+                                "properties": {
+                                    "destination": {"type": "string"},
+                                    "delivered": count(),
+                                    "failed": count(),
+                                },
+                            }},
+                        },
+                    }}}},
+                    "400": {"$ref": "#/components/responses/BadRequest"},
+                    "404": {"$ref": "#/components/responses/NotFound"},
+                    "500": {"$ref": "#/components/responses/Internal"},
+                    "503": {"$ref": "#/components/responses/Unavailable"},
+                },
+            },
+            "post": hold_action(
+                "holdDestination",
+                "hold a destination queue for every replica: its due messages wait in `N.L.held.<queue>`, no attempt counted",
+                json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["destination"],
+                    "properties": {
+                        "destination": {"type": "string", "minLength": 1, "maxLength": 255},
+                        "why": {"type": "string"},
+                    },
+                }),
+            ),
+        },
+        "/api/ladders/{ladder}/holds/resume": {"post": hold_action(
+            "resumeDestination",
+            "resume a held destination: its held queue is released at `rate` (default the ladder's release_rate), oldest first",
+            json!({
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["destination"],
+                "properties": {
+                    "destination": {"type": "string", "minLength": 1, "maxLength": 255},
+                    "rate": {"type": "string", "pattern": "^\\s*[0-9]+\\s*/\\s*[smh]\\s*$"},
+                },
+            }),
+        )},
+    })
+}
+
+/// A hold or resume: answered once the broker confirmed the record in `N.L.holds`.
+fn hold_action(id: &str, summary: &str, request: Value) -> Value {
+    json!({
+        "operationId": id,
+        "summary": summary,
+        "description": "Recorded in the ladder's stream `N.L.holds`, which every replica follows; answered once \
+            the broker confirmed the record. A hold is refused for a queue the ladder may not deliver to (400) \
+            or that does not exist (404); a resume for a destination that is not held (409).",
+        "security": [{"token": []}],
+        "parameters": [{"$ref": "#/components/parameters/ladder"}],
+        "requestBody": {
+            "required": true,
+            "content": {"application/json": {"schema": request}},
+        },
+        "responses": {
+            "200": {"description": "recorded", "content": {"application/json": {"schema": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["ladder", "destination", "action", "by", "why", "at_ms"],
+                "properties": {
+                    "ladder": {"type": "string"},
+                    "destination": {"type": "string"},
+                    "action": {"type": "string", "enum": ["held", "resumed"]},
+                    "by": {"type": "string"},
+                    "why": {"type": "string"},
+                    "at_ms": count(),
+                    "rate": {"type": "string"},
+                },
+            }}}},
+            "400": {"$ref": "#/components/responses/BadRequest"},
+            "401": {
+                "description": "no bearer token",
+                "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+            },
+            "403": error("the token matches none in admin.tokens (or none is configured)"),
+            "404": {"$ref": "#/components/responses/NotFound"},
+            "409": error("resume: the destination is not held"),
+            "413": error("the body is too large"),
+            "415": error("the body is not Content-Type: application/json"),
+            "500": {"$ref": "#/components/responses/Internal"},
+            "503": {"$ref": "#/components/responses/Unavailable"},
+        },
+    })
 }
 
 /// An error answer.

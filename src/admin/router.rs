@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
 use crate::admin::state::{AdminState, LaddersView};
-use crate::admin::{api, guard, openapi, web};
+use crate::admin::{api, guard, holds, openapi, web};
 
 /// The content type of `/metrics`: prometheus-client writes the OpenMetrics text format.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -37,6 +37,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
             post(api::edit_replay),
         )
         .route("/api/ladders/{ladder}/scheduled/cancel", post(api::cancel))
+        .route("/api/ladders/{ladder}/holds", get(holds::list).post(holds::hold))
+        .route("/api/ladders/{ladder}/holds/resume", post(holds::resume))
         .route("/", get(web::overview))
         .route("/ladders/{ladder}/parked", get(web::list))
         .route("/ladders/{ladder}/jobs/{id}", get(web::job_page))
@@ -45,6 +47,9 @@ pub fn router(state: Arc<AdminState>) -> Router {
             get(web::confirm_cancel).post(web::cancel_scheduled),
         )
         .route("/static/ladder.css", get(web::stylesheet))
+        .route("/ladders/{ladder}/destinations", get(holds::destinations))
+        .route("/ladders/{ladder}/destinations/hold", post(holds::hold_form))
+        .route("/ladders/{ladder}/destinations/resume", post(holds::resume_form))
         .route("/ladders/{ladder}/parked/{offset}", get(web::entry))
         .route(
             "/ladders/{ladder}/parked/{offset}/edit",

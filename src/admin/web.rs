@@ -75,7 +75,7 @@ pub(crate) async fn stylesheet() -> Response {
 /// How often the overview reloads itself, in seconds.
 pub(crate) const OVERVIEW_REFRESH_SECONDS: u32 = 10;
 
-fn page(title: &str, body: Markup) -> Html<String> {
+pub(crate) fn page(title: &str, body: Markup) -> Html<String> {
     page_with(title, None, body)
 }
 
@@ -197,11 +197,11 @@ pub(crate) fn accounting_sentence(
 }
 
 /// `s` as one URL path segment (ladder names are checked at load, but a record's copy is not).
-fn segment(s: &str) -> String {
+pub(crate) fn segment(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-fn error_page(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error_page(status: StatusCode, message: &str) -> Response {
     let body = html! { p #outcome .error { (message) } p { a href="/" { "Back to the ladders" } } };
     (status, page("Error", body)).into_response()
 }
@@ -943,7 +943,7 @@ fn action_of(action: &str) -> Option<&'static str> {
     }
 }
 
-fn token_field() -> Markup {
+pub(crate) fn token_field() -> Markup {
     html! { label { "Token " input type="password" name="token" autocomplete="off" required; } }
 }
 
@@ -981,13 +981,13 @@ fn confirm_page(ladder: &str, action: &str, e: &ParkedEntry) -> Html<String> {
 }
 
 /// Takes `key` out of form `pairs`.
-fn take(pairs: &mut Vec<(String, String)>, key: &str) -> Option<String> {
+pub(crate) fn take(pairs: &mut Vec<(String, String)>, key: &str) -> Option<String> {
     let i = pairs.iter().position(|(k, _)| k == key)?;
     Some(pairs.remove(i).1).filter(|v| !v.trim().is_empty())
 }
 
 /// The caller's name for the form's token, or why it is refused (logged).
-fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, &'static str> {
+pub(crate) fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, &'static str> {
     api::authorize(&state.config.admin.tokens, token)
         .map(str::to_string)
         .map_err(|denied| {
@@ -1001,7 +1001,7 @@ fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -
 }
 
 /// The refusal page, linking back to the confirmation form at `form`.
-fn refused(why: &str, form: &str) -> Response {
+pub(crate) fn refused(why: &str, form: &str) -> Response {
     let body = html! {
         p #outcome .error { "Not done: " (why) "." }
         p { a #back href=(form) { "Back to the confirmation, to enter a valid token" } }

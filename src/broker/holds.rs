@@ -82,6 +82,9 @@ pub enum HoldError {
     /// The broker failed.
     #[error(transparent)]
     Broker(#[from] ladder_amqp::Error),
+    /// No such ladder.
+    #[error("{0}")]
+    UnknownLadder(String),
     /// Declaring the held queue failed.
     #[error("cannot declare the held queue: {0}")]
     Declare(String),
@@ -489,6 +492,10 @@ async fn drain(
 }
 
 /// Ready messages in `queue`, if the broker says.
+pub async fn depth(connection: &Connection, queue: &str) -> Option<u32> {
+    held_messages(connection, queue).await
+}
+
 async fn held_messages(connection: &Connection, queue: &str) -> Option<u32> {
     let channel = tokio::time::timeout(REQUEST_TIMEOUT, connection.create_channel()).await.ok()?.ok()?;
     let passive = QueueOptions {

@@ -141,6 +141,20 @@ pub enum ParkingError {
     Envelope(#[from] EnvelopeError),
 }
 
+/// A hold or resume that failed, classified as the parking lot's errors are (CLI): a caller's
+/// mistake (not allowed, no such queue, not held, a bad rate) exits 64.
+impl From<crate::broker::holds::HoldError> for ParkingError {
+    fn from(e: crate::broker::holds::HoldError) -> Self {
+        use crate::broker::holds::HoldError;
+        match e {
+            e if e.is_callers() => ParkingError::Invalid(e.to_string()),
+            HoldError::Record(e) => e.into(),
+            HoldError::Broker(e) => ParkingError::Broker(e),
+            other => ParkingError::Refused(other.to_string()),
+        }
+    }
+}
+
 /// A cancellation that failed, classified as the parking lot's errors are (CLI, API).
 impl From<crate::broker::cancels::CancelError> for ParkingError {
     fn from(e: crate::broker::cancels::CancelError) -> Self {

@@ -15,11 +15,13 @@ pub mod log;
 pub mod parked;
 pub mod probe;
 pub mod scheduled;
+pub mod holds;
 pub mod serve;
 
 pub use demo::DemoArgs;
 pub use parked::ParkedArgs;
 pub use scheduled::ScheduledArgs;
+pub use holds::{HoldArgs, HoldsArgs, ResumeArgs};
 
 /// The config file when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "ladder.toml";
@@ -63,6 +65,13 @@ pub enum Command {
     Parked(Box<ParkedArgs>),
     /// Cancel scheduled deliveries by message id.
     Scheduled(ScheduledArgs),
+    /// Hold a destination queue: its due messages wait in a held queue, no attempt counted,
+    /// until `ladder resume`. Refused (64) for a queue that is not allowed or does not exist.
+    Hold(HoldArgs),
+    /// Resume a held destination: release what it held at a bounded rate, oldest first.
+    Resume(ResumeArgs),
+    /// List the held destinations of a ladder.
+    Holds(HoldsArgs),
     /// Send one failure through a ladder by hand and watch it come back.
     Demo(DemoArgs),
     /// Ask the admin server at admin.bind for /ready: exit 0 on 200, else 1 with the reason.

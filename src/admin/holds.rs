@@ -1,0 +1,330 @@
+//! Destination holds over HTTP: the JSON API (`/api/ladders/{ladder}/holds`, hold, resume; the
+//! actions need a bearer token) and the web page `/ladders/{ladder}/destinations` (held
+//! destinations, the busiest this replica saw, hold and resume forms with a token field).
+//! Everything goes through the desk's connection; the relay is never waited for.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Form, Path, State as Extract};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use serde::{Deserialize, Serialize};
+
+use crate::admin::api::{ApiError, ApiJson, ApiPath, caller};
+use crate::admin::state::AdminState;
+use crate::admin::web::{self, page, segment, take, token_field};
+use crate::broker::holds::{HoldError, format_rate};
+use crate::clock::now_ms;
+use crate::model::holds::{DestinationHold, HoldState};
+use crate::model::lot::pace::Rate;
+use crate::model::lot::text::format_time;
+
+/// The busiest destinations shown and answered, at most.
+pub const BUSIEST: usize = 20;
+
+/// The ladder in the path.
+#[derive(Deserialize)]
+pub(crate) struct HoldsPath {
+    ladder: String,
+}
+
+/// The HTTP status of a failed hold or resume.
+fn status(e: &HoldError) -> StatusCode {
+    match e {
+        HoldError::NotAllowed { .. } | HoldError::Invalid(_) => StatusCode::BAD_REQUEST,
+        HoldError::Missing(_) | HoldError::UnknownLadder(_) => StatusCode::NOT_FOUND,
+        HoldError::NotHeld(_) => StatusCode::CONFLICT,
+        HoldError::Record(_) | HoldError::Broker(_) | HoldError::Declare(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+impl From<HoldError> for ApiError {
+    fn from(e: HoldError) -> Self {
+        ApiError::new(status(&e), e.to_string())
+    }
+}
+
+/// One destination's hold, as the API answers it.
+#[derive(Serialize)]
+pub(crate) struct HoldView {
+    destination: String,
+    /// `held` or `releasing`.
+    state: &'static str,
+    by: String,
+    why: String,
+    held_since_ms: u64,
+    changed_at_ms: u64,
+    /// Releasing: the rate (`10/s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<String>,
+    held_queue: String,
+    /// Messages waiting in the held queue (`null` if the broker did not say).
+    messages: Option<u32>,
+}
+
+/// A destination this replica delivered to or saw failures of, in the breaker's window.
+#[derive(Serialize)]
+pub(crate) struct BusyView {
+    destination: String,
+    delivered: u64,
+    failed: u64,
+}
+
+/// `GET /api/ladders/{ladder}/holds`.
+#[derive(Serialize)]
+pub(crate) struct HoldsAnswer {
+    ladder: String,
+    holds: Vec<HoldView>,
+    busiest: Vec<BusyView>,
+    /// The window `busiest` counts over, ms.
+    window_ms: u64,
+}
+
+async fn answer(state: &AdminState, ladder: &str) -> Result<HoldsAnswer, HoldError> {
+    let holds = state.desk.holds(ladder).await?;
+    let names = crate::model::names::Names::new(&state.config.namespace, ladder);
+    let mut views = Vec::new();
+    for h in holds.all().filter(|h| h.holds_back()) {
+        views.push(view(h, names.held_queue(&h.destination), state.desk.held_depth(ladder, &h.destination).await));
+    }
+    let (busiest, window_ms) = match state.service.ladder(ladder) {
+        Some(runtime) => {
+            let mut breaker = runtime.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let window = breaker.policy().window.as_millis() as u64;
+            (breaker.busiest(now_ms(), BUSIEST), window)
+        }
+        None => (Vec::new(), 0),
+    };
+    Ok(HoldsAnswer {
+        ladder: ladder.to_string(),
+        holds: views,
+        busiest: busiest
+            .into_iter()
+            .map(|(destination, delivered, failed)| BusyView {
+                destination,
+                delivered,
+                failed,
+            })
+            .collect(),
+        window_ms,
+    })
+}
+
+fn view(h: &DestinationHold, held_queue: String, messages: Option<u32>) -> HoldView {
+    HoldView {
+        destination: h.destination.clone(),
+        state: h.state_code(),
+        by: h.by.clone(),
+        why: h.why.clone(),
+        held_since_ms: h.held_since_ms,
+        changed_at_ms: h.changed_at_ms,
+        rate: match h.state {
+            HoldState::Releasing { rate, .. } => Some(format_rate(rate)),
+            _ => None,
+        },
+        held_queue,
+        messages,
+    }
+}
+
+/// The held destinations of the ladder (and the busiest this replica saw).
+pub(crate) async fn list(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(HoldsPath { ladder }): ApiPath<HoldsPath>,
+) -> Result<Json<HoldsAnswer>, ApiError> {
+    Ok(Json(answer(&state, &ladder).await?))
+}
+
+/// `POST …/holds`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HoldRequest {
+    destination: String,
+    #[serde(default)]
+    why: String,
+}
+
+/// `POST …/holds/resume`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResumeRequest {
+    destination: String,
+    #[serde(default)]
+    rate: Option<String>,
+}
+
+/// A recorded hold or resume.
+#[derive(Serialize)]
+pub(crate) struct RecordAnswer {
+    ladder: String,
+    destination: String,
+    action: &'static str,
+    by: String,
+    why: String,
+    at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<String>,
+}
+
+fn record_answer(ladder: String, r: crate::model::holds::HoldRecord) -> RecordAnswer {
+    RecordAnswer {
+        ladder,
+        destination: r.destination,
+        action: r.action.code(),
+        by: r.by,
+        why: r.why,
+        at_ms: r.at_ms,
+        rate: r.rate,
+    }
+}
+
+/// Holds a destination for every replica; answered once the broker confirmed the record.
+pub(crate) async fn hold(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(HoldsPath { ladder }): ApiPath<HoldsPath>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<HoldRequest>,
+) -> Result<Json<RecordAnswer>, ApiError> {
+    let by = caller(&state, &headers, &ladder, "hold")?;
+    let record = state.desk.hold(&ladder, &request.destination, &by, &request.why).await?;
+    Ok(Json(record_answer(ladder, record)))
+}
+
+fn parse_rate(rate: Option<&str>) -> Result<Option<Rate>, HoldError> {
+    rate.map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| r.parse::<Rate>().map_err(|e| HoldError::Invalid(e.0)))
+        .transpose()
+}
+
+/// Resumes a held destination; answered once the broker confirmed the record.
+pub(crate) async fn resume(
+    Extract(state): Extract<Arc<AdminState>>,
+    ApiPath(HoldsPath { ladder }): ApiPath<HoldsPath>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<ResumeRequest>,
+) -> Result<Json<RecordAnswer>, ApiError> {
+    let by = caller(&state, &headers, &ladder, "resume")?;
+    let rate = parse_rate(request.rate.as_deref())?;
+    let record = state.desk.resume(&ladder, &request.destination, &by, rate).await?;
+    Ok(Json(record_answer(ladder, record)))
+}
+
+/// The web page: held destinations, the busiest, and the forms.
+pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(ladder): Path<String>) -> Response {
+    let answer = match answer(&state, &ladder).await {
+        Ok(answer) => answer,
+        Err(e) => return (status(&e), page("Error", html! { p #outcome .error { (e.to_string()) } })).into_response(),
+    };
+    let action = |what: &str| format!("/ladders/{}/destinations/{what}", segment(&ladder));
+    let body = html! {
+        p { "Ladder " b { (ladder) } ". A held destination gets nothing; its due messages wait in its held queue, no attempt counted, until it is resumed; then they are released at a bounded rate, oldest first." }
+        h2 { "Held" }
+        @if answer.holds.is_empty() {
+            p #no-holds { "No destination is held." }
+        } @else {
+            table #holds {
+                tr { th { "Destination" } th { "State" } th { "By" } th { "Why" } th { "Since" } th { "Messages held" } th { "" } }
+                @for h in &answer.holds {
+                    tr data-destination=(h.destination) {
+                        td { code { (h.destination) } }
+                        td { (h.state) @if let Some(rate) = &h.rate { " at " (rate) } }
+                        td { (h.by) }
+                        td { (h.why) }
+                        td { (format_time(h.held_since_ms)) }
+                        td .held-messages { (h.messages.map_or("?".to_string(), |n| n.to_string())) }
+                        td {
+                            @if h.state == "held" {
+                                form .resume method="post" action=(action("resume")) {
+                                    input type="hidden" name="destination" value=(h.destination);
+                                    label { "Rate " input type="text" name="rate" placeholder="10/s" size="6"; } " "
+                                    (token_field()) " "
+                                    button type="submit" { "Resume" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Hold a destination" }
+        form #hold method="post" action=(action("hold")) {
+            label { "Queue " input type="text" name="destination" maxlength="255" required; } " "
+            label { "Why " input type="text" name="why" maxlength="512"; } " "
+            (token_field()) " "
+            button type="submit" { "Hold it" }
+        }
+        h2 { "Busiest destinations (this replica, last " (answer.window_ms / 1000) " s)" }
+        @if answer.busiest.is_empty() {
+            p { "None seen yet." }
+        } @else {
+            table #busiest {
+                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } }
+                @for b in &answer.busiest {
+                    tr { td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) } }
+                }
+            }
+        }
+        p { a href="/" { "Back to the ladders" } }
+    };
+    page(&format!("Destinations of {ladder}"), body).into_response()
+}
+
+fn done(ladder: &str, text: maud::Markup) -> Response {
+    let body = html! {
+        p #outcome { (text) }
+        p { a #back href={ "/ladders/" (segment(ladder)) "/destinations" } { "Back to the destinations" } }
+    };
+    page("Done", body).into_response()
+}
+
+fn failed(ladder: &str, e: &HoldError) -> Response {
+    let body = html! {
+        p #outcome .error { "Not done: " (e.to_string()) }
+        p { a #back href={ "/ladders/" (segment(ladder)) "/destinations" } { "Back to the destinations" } }
+    };
+    (status(e), page("Not done", body)).into_response()
+}
+
+/// The hold form.
+pub(crate) async fn hold_form(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path(ladder): Path<String>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let back = format!("/ladders/{}/destinations", segment(&ladder));
+    let by = match web::caller(&state, take(&mut pairs, "token").as_deref(), &ladder, "hold") {
+        Ok(by) => by,
+        Err(why) => return web::refused(why, &back),
+    };
+    let destination = take(&mut pairs, "destination").unwrap_or_default();
+    let why = take(&mut pairs, "why").unwrap_or_default();
+    match state.desk.hold(&ladder, &destination, &by, &why).await {
+        Ok(r) => done(&ladder, html! { "Held " code { (r.destination) } " by " (r.by) ": its due messages wait in its held queue until it is resumed." }),
+        Err(e) => failed(&ladder, &e),
+    }
+}
+
+/// The resume form.
+pub(crate) async fn resume_form(
+    Extract(state): Extract<Arc<AdminState>>,
+    Path(ladder): Path<String>,
+    Form(mut pairs): Form<Vec<(String, String)>>,
+) -> Response {
+    let back = format!("/ladders/{}/destinations", segment(&ladder));
+    let by = match web::caller(&state, take(&mut pairs, "token").as_deref(), &ladder, "resume") {
+        Ok(by) => by,
+        Err(why) => return web::refused(why, &back),
+    };
+    let destination = take(&mut pairs, "destination").unwrap_or_default();
+    let rate = match parse_rate(take(&mut pairs, "rate").as_deref()) {
+        Ok(rate) => rate,
+        Err(e) => return failed(&ladder, &e),
+    };
+    match state.desk.resume(&ladder, &destination, &by, rate).await {
+        Ok(r) => done(&ladder, html! { "Resumed " code { (r.destination) } " by " (r.by) ": what it held is released at " (r.rate.unwrap_or_default()) ", oldest first." }),
+        Err(e) => failed(&ladder, &e),
+    }
+}
