@@ -1278,7 +1278,7 @@ mod tests {
         assert_eq!(p.max_hold, Duration::from_secs(600));
         // off unless enabled, even when configured
         assert_eq!(one("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"10s\"").auto_hold, None);
-        for (toml, key, problem) in [
+        for (toml, key, says) in [
             ("backoff = [\"1s\"]\nallow = []\nrelease_rate = \"fast\"", "release_rate", "N/s"),
             ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nfailure_ratio = \"90\"", "auto_hold.failure_ratio", "percentage"),
             ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nfailure_ratio = \"0%\"", "auto_hold.failure_ratio", "between"),
@@ -1288,7 +1288,7 @@ mod tests {
         ] {
             let e = problem("", toml);
             assert_eq!(e.key, key, "{toml}");
-            assert!(e.problem.contains(problem), "{toml}: {}", e.problem);
+            assert!(e.problem.contains(says), "{toml}: {}", e.problem);
         }
     }
 

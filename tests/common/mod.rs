@@ -214,6 +214,12 @@ impl TestLadder {
         q
     }
 
+    /// Deletes `name` (a queue the service declared outside the plan, such as a held queue) at
+    /// drop.
+    pub fn track_queue(&mut self, name: &str) {
+        self.extra_queues.push(name.to_string());
+    }
+
     pub fn track_exchange(&mut self, name: &str) {
         self.extra_exchanges.push(name.to_string());
     }

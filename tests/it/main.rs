@@ -17,6 +17,7 @@ mod crash;
 mod deploy;
 mod docs;
 mod examples;
+mod holds;
 mod nothing_lost;
 mod openapi;
 mod operator_views;

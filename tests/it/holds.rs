@@ -1,0 +1,339 @@
+//! Destination holds against the real broker: a held destination gets nothing while another
+//! flows on time; a resume releases everything at no more than the rate, oldest first, none
+//! lost, none parked, then the destination flows normally again; two replicas agree and a
+//! restart keeps the hold; a missing or disallowed destination is refused (CLI 64, API 400/404);
+//! the automatic hold trips on a consumer that fails everything and recovers when it heals.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use ladder::broker::supervisor::{self as service, State};
+use ladder::model::holds::HoldState;
+use ladder::model::names::Names;
+use ladder_amqp::{BasicProperties, FieldTable};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// A short step, so a retry is due quickly.
+const LADDER: &str = "backoff = [\"200ms\"]\nmax_attempts = 1000\nallow = [\"^{ns}-\"]\nrelease_rate = \"10/s\"";
+
+/// Admin server settings with one operator, alice.
+const ADMIN: &str =
+    "[admin]\nbind = \"127.0.0.1:0\"\npoll_interval = \"100ms\"\n[admin.tokens]\nalice = \"alice-token-0123456789\"";
+const ALICE: &str = "alice-token-0123456789";
+
+/// How late a retry of a flowing destination may come (200 ms step, hops, a busy machine).
+const LATE: Duration = Duration::from_millis(1_500);
+
+fn failure(to: &str, id: &str) -> BasicProperties {
+    retry_props(to, None).with_message_id(id)
+}
+
+fn names(t: &TestLadder) -> Names {
+    Names::new(&t.ns, &t.ladder)
+}
+
+/// Waits until the service of `state` holds `destination` back (or no longer does).
+async fn held_in(state: &State, destination: &str, held: bool) {
+    let runtime = state.ladder("default").expect("the service runs the ladder");
+    eventually("the hold read by the service", WAIT, async || {
+        (runtime.holds.holds_back(destination) == held).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_rate_oldest_first() {
+    let mut t = TestLadder::start("hold", LADDER).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let billing = t.declare_queue("billing", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "orders is down")
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+
+    let mut orders_in = t.consume(&orders).await;
+    let mut billing_in = t.consume(&billing).await;
+    let n = 20;
+    for i in 0..n {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("o{i:02}"))).await;
+        // so that their due times are in this order
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // billing keeps flowing on time
+    for i in 0..5 {
+        let sent = Instant::now();
+        t.publish(&t.intake(), "", b"b", failure(&billing, &format!("b{i}"))).await;
+        let d = next(&mut billing_in).await;
+        assert_eq!(message_id(&d), format!("b{i}"));
+        assert!(sent.elapsed() < Duration::from_millis(200) + LATE, "billing late: {:?}", sent.elapsed());
+        billing_in.ack(&d);
+    }
+    assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "nothing to a held destination");
+    let held_queue = names(&t).held_queue(&orders);
+    eventually("all held", WAIT, async || (queue_depth(&t.client, &held_queue).await == n).then_some(())).await;
+
+    // resume: released at 10/s, oldest first, each once, with its one attempt
+    let resumed_at = Instant::now();
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None).await.unwrap();
+    let got = receive_timed(&mut orders_in, n as usize).await;
+    let ids: Vec<String> = got.iter().map(|(_, d)| message_id(d).to_string()).collect();
+    let expected: Vec<String> = (0..n).map(|i| format!("o{i:02}")).collect();
+    assert_eq!(ids, expected, "oldest first, none lost, none twice");
+    for (_, d) in &got {
+        assert_eq!(int_header(d, "retry-attempt"), Some(1), "holding counted no attempt");
+        orders_in.ack(d);
+    }
+    let span = got.last().unwrap().0 - got.first().unwrap().0;
+    let rate = (n - 1) as f64 / span.as_secs_f64();
+    eprintln!(
+        "released {n} in {:?} after the resume ({:?} first to last): {rate:.2}/s at 10/s",
+        got.last().unwrap().0 - resumed_at,
+        span
+    );
+    assert!(rate <= 10.5, "released at {rate:.2}/s, above 10/s");
+    assert!(rate >= 5.0, "released at {rate:.2}/s, far below 10/s");
+
+    // the release ends when the held queue is empty; then orders flows normally again
+    let runtime = t.state.ladder("default").unwrap();
+    eventually("the release ended", WAIT, async || {
+        (runtime.holds.snapshot().get(&orders).map(|h| h.state) == Some(HoldState::Free)).then_some(())
+    })
+    .await;
+    let sent = Instant::now();
+    t.publish(&t.intake(), "", b"o", failure(&orders, "after")).await;
+    let d = next(&mut orders_in).await;
+    assert_eq!(message_id(&d), "after");
+    assert!(sent.elapsed() < Duration::from_millis(200) + LATE, "{:?}", sent.elapsed());
+    orders_in.ack(&d);
+    assert!(next_within(&mut orders_in, Duration::from_millis(500)).await.is_none(), "none twice");
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    let metrics = t.state.metrics.encode();
+    for line in [
+        "ladder_hold_transitions_total{ladder=\"default\",kind=\"held\"} 1",
+        "ladder_hold_transitions_total{ladder=\"default\",kind=\"resumed\"} 1",
+        "ladder_hold_transitions_total{ladder=\"default\",kind=\"released\"} 1",
+        "ladder_held_messages_total{ladder=\"default\"} 20",
+        "ladder_released_messages_total{ladder=\"default\"} 20",
+        "ladder_destinations_held{ladder=\"default\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}
+
+/// A second service for the same config (another replica), stopped when dropped.
+struct Replica(CancellationToken, tokio::task::JoinHandle<()>, Arc<State>);
+
+impl Replica {
+    async fn start(t: &TestLadder) -> Self {
+        let (stop, state) = (CancellationToken::new(), Arc::new(State::default()));
+        let (config, s, token) = (t.config.clone(), state.clone(), stop.clone());
+        let task = tokio::spawn(async move { service::run(config, s, token).await.expect("replica runs") });
+        wait_until("replica ready", || state.health.is_ready()).await;
+        Replica(stop, task, state)
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.0.cancel();
+        self.1.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_it() {
+    let mut t = TestLadder::configure_with("hold2", ADMIN, LADDER).await;
+    t.start_service().await;
+    let replica = Replica::start(&t).await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let holds = admin.url(&format!("/api/ladders/{}/holds", t.ladder));
+
+    let refused = http.post(&holds).json(&json!({"destination": orders})).send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401, "a hold needs a token");
+    let answer = http
+        .post(&holds)
+        .bearer_auth(ALICE)
+        .json(&json!({"destination": orders, "why": "maintenance"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let answer: Value = answer.json().await.unwrap();
+    assert_eq!((answer["by"].as_str(), answer["action"].as_str()), (Some("alice"), Some("held")));
+    // the other replica holds it too
+    held_in(&replica.2, &orders, true).await;
+    held_in(&t.state, &orders, true).await;
+    let mut orders_in = t.consume(&orders).await;
+    for i in 0..10 {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("a{i}"))).await;
+    }
+    assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "neither replica delivers");
+
+    // both restart: the hold is read back from the stream
+    drop(replica);
+    t.stop_service().await;
+    t.start_service().await;
+    let replica = Replica::start(&t).await;
+    held_in(&t.state, &orders, true).await;
+    held_in(&replica.2, &orders, true).await;
+    for i in 0..10 {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("b{i}"))).await;
+    }
+    assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "still held after restart");
+    let listed: Value = http.get(&holds).send().await.unwrap().json().await.unwrap();
+    let held = &listed["holds"][0];
+    assert_eq!(held["destination"], orders.as_str());
+    assert_eq!((held["state"].as_str(), held["by"].as_str(), held["why"].as_str()), (Some("held"), Some("alice"), Some("maintenance")));
+    eventually("20 in the held queue", WAIT, async || {
+        let listed: Value = http.get(&holds).send().await.ok()?.json().await.ok()?;
+        (listed["holds"][0]["messages"] == 20).then_some(())
+    })
+    .await;
+    // the web page lists it
+    let page = http.get(admin.url("/ladders/default/destinations")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains(&orders) && page.contains("maintenance") && page.contains("alice"), "{page}");
+
+    // resume through the API, fast: every one delivered once, none parked
+    let resume = admin.url(&format!("/api/ladders/{}/holds/resume", t.ladder));
+    let answer = http
+        .post(&resume)
+        .bearer_auth(ALICE)
+        .json(&json!({"destination": orders, "rate": "50/s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let got = receive(&mut orders_in, 20).await;
+    let ids: HashSet<String> = got.iter().map(|d| message_id(d).to_string()).collect();
+    assert_eq!(ids.len(), 20, "none lost, none twice");
+    for d in &got {
+        orders_in.ack(d);
+    }
+    assert!(next_within(&mut orders_in, Duration::from_secs(1)).await.is_none(), "none twice");
+    held_in(&replica.2, &orders, false).await;
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    admin.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_a_missing_or_disallowed_destination_is_refused() {
+    let mut t = TestLadder::configure_with("holdno", ADMIN, LADDER).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let missing = t.queue_name("missing");
+    let config = t.config_path();
+
+    // CLI: 64 with a clear reason
+    let out = run_ladder(&config, &["hold", &missing, "--why", "x"], &[]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such queue"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_ladder(&config, &["hold", "elsewhere"], &[]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("allow-list"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_ladder(&config, &["resume", &orders], &[]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not held"));
+
+    // API: 404 and 400, 409 for a resume of what is not held
+    let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let holds = admin.url(&format!("/api/ladders/{}/holds", t.ladder));
+    let post = async |url: &str, body: Value| {
+        let r = http.post(url).bearer_auth(ALICE).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap())
+    };
+    let (status, body) = post(&holds, json!({"destination": missing})).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("no such queue"), "{body}");
+    let (status, body) = post(&holds, json!({"destination": "elsewhere"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("allow-list"), "{body}");
+    let (status, body) = post(&holds, json!({"destination": format!("{}.default.due", t.ns)})).await;
+    assert_eq!(status, 400, "the ladder's own queues: {body}");
+    let resume = admin.url(&format!("/api/ladders/{}/holds/resume", t.ladder));
+    let (status, body) = post(&resume, json!({"destination": orders})).await;
+    assert_eq!(status, 409, "{body}");
+
+    // an allowed, existing one is held by the CLI and listed; a bad rate is refused
+    let out = run_ladder(&config, &["hold", &orders, "--why", "deploying", "--by", "carol"], &[]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_ladder(&config, &["holds"], &[]).await;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains(&orders) && listed.contains("cli:carol") && listed.contains("deploying"), "{listed}");
+    let (status, _) = post(&resume, json!({"destination": orders, "rate": "fast"})).await;
+    assert_eq!(status, 400);
+    let out = run_ladder(&config, &["resume", &orders, "--rate", "fast"], &[]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let out = run_ladder(&config, &["resume", &orders, "--rate", "20/s"], &[]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("20/s"));
+    held_in(&t.state, &orders, false).await;
+    admin.stop().await;
+}
+
+/// Automatic hold with a short window, so the test runs in seconds.
+const AUTO: &str = "backoff = [\"100ms\"]\nmax_attempts = 100000\nallow = [\"^{ns}-\"]\nrelease_rate = \"50/s\"\n\
+[auto_hold]\nenabled = true\nwindow = \"2s\"\nmin_deliveries = 10\nfailure_ratio = \"90%\"\nprobe_every = \"1s\"\nmax_hold = \"8s\"";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals() {
+    let mut t = TestLadder::start("holdauto", AUTO).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let mut consumer = t.consume(&orders).await;
+    let n = 20;
+    for i in 0..n {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}"))).await;
+    }
+    // a consumer that fails everything: each delivery goes back to the ladder as received
+    let runtime = t.state.ladder("default").unwrap();
+    let tripped = Instant::now();
+    let mut failed = 0;
+    while !runtime.holds.holds_back(&orders) {
+        assert!(tripped.elapsed() < WAIT, "the automatic hold did not trip after {failed} failures");
+        if let Some(d) = next_within(&mut consumer, Duration::from_millis(100)).await {
+            let props = republish_props(&d, &[]);
+            t.publish(&t.intake(), "", &d.body, props).await;
+            consumer.ack(&d);
+            failed += 1;
+        }
+    }
+    let hold = runtime.holds.snapshot().get(&orders).cloned().unwrap();
+    assert_eq!(hold.by, "auto");
+    assert!(hold.why.contains("deliveries failed"), "{}", hold.why);
+    eprintln!("tripped after {failed} failures in {:?}: {}", tripped.elapsed(), hold.why);
+
+    // the consumer heals: whatever still comes (in flight when it tripped, the probe, the
+    // release) is acked; every message arrives, none is parked
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let healed = Instant::now();
+    let deadline = healed + WAIT * 2;
+    while seen.len() < n && Instant::now() < deadline {
+        if let Some(d) = next_within(&mut consumer, Duration::from_millis(500)).await {
+            *seen.entry(message_id(&d).to_string()).or_default() += 1;
+            consumer.ack(&d);
+        }
+    }
+    assert_eq!(seen.len(), n, "every message delivered after healing: {seen:?}");
+    eventually("resumed automatically", WAIT, async || (!runtime.holds.holds_back(&orders)).then_some(())).await;
+    eprintln!("recovered {:?} after healing", healed.elapsed());
+    let metrics = t.state.metrics.encode();
+    for line in [
+        "ladder_hold_transitions_total{ladder=\"default\",kind=\"auto_held\"} 1",
+        "ladder_hold_transitions_total{ladder=\"default\",kind=\"probe\"}",
+        "ladder_hold_transitions_total{ladder=\"default\",kind=\"auto_resumed\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
