@@ -431,7 +431,7 @@ fn holds_paths() -> Value {
 
 /// A hold or resume: answered once the broker confirmed the record in `N.L.holds`.
 fn hold_action(id: &str, summary: &str, request: Value) -> Value {
-    json!({
+    let mut action = json!({
         "operationId": id,
         "summary": summary,
         "description": "Recorded in the ladder's stream `N.L.holds`, which every replica follows; answered once \
@@ -466,13 +466,20 @@ fn hold_action(id: &str, summary: &str, request: Value) -> Value {
             },
             "403": error("the token matches none in admin.tokens (or none is configured)"),
             "404": {"$ref": "#/components/responses/NotFound"},
-            "409": error("resume: the destination is not held"),
+            "409": error("the destination is not held"),
             "413": error("the body is too large"),
             "415": error("the body is not Content-Type: application/json"),
             "500": {"$ref": "#/components/responses/Internal"},
             "503": {"$ref": "#/components/responses/Unavailable"},
         },
-    })
+    });
+    // only a resume can find its destination not held
+    if id != "resumeDestination"
+        && let Some(responses) = action["responses"].as_object_mut()
+    {
+        responses.remove("409");
+    }
+    action
 }
 
 /// An error answer.

@@ -722,6 +722,36 @@ async fn every_answer_of_the_admin_api_matches_its_openapi_description() {
         assert!(v["error"].is_string() && v.as_object().unwrap().len() == 1, "{v}");
     }
 
+    // destination holds: list, hold, resume, and their refusals
+    let holds_t = "/api/ladders/{ladder}/holds";
+    let resume_t = "/api/ladders/{ladder}/holds/resume";
+    let holds = format!("/api/ladders/{l}/holds");
+    let resume = format!("{holds}/resume");
+    t.track_queue(&ladder::model::names::Names::new(&t.ns, &l).held_queue(&queue));
+    let (status, _, _) = c.call(Call::post(holds_t, holds.clone(), json!({"destination": queue, "why": "w"}), Some(ALICE))).await;
+    assert_eq!(status, 200);
+    c.call(Call::get(holds_t, holds.clone())).await;
+    c.call(Call::get(holds_t, "/api/ladders/nope/holds")).await;
+    let (status, _, _) = c.call(Call::post(resume_t, resume.clone(), json!({"destination": queue, "rate": "50/s"}), Some(ALICE))).await;
+    assert_eq!(status, 200);
+    c.call(Call::post(resume_t, resume.clone(), json!({"destination": "never-held"}), Some(ALICE))).await;
+    for (template, target, body) in [
+        (holds_t, holds.clone(), json!({"destination": queue})),
+        (resume_t, resume.clone(), json!({"destination": queue})),
+    ] {
+        c.call(Call::post(template, target.clone(), body.clone(), None)).await;
+        c.call(Call::post(template, target.clone(), body.clone(), Some("not-a-token-at-all-1234"))).await;
+        c.call(Call::post(template, target.clone(), json!({"nothing": 1}), Some(ALICE))).await;
+        c.call(Call::post(template, target.replace(&format!("/{l}/"), "/nope/"), body.clone(), Some(ALICE))).await;
+        let mut unsupported = Call::post(template, target.clone(), json!(null), Some(ALICE));
+        unsupported.body = Some(Body::Raw("text/plain", body.to_string().into_bytes()));
+        c.call(unsupported).await;
+        let mut too_large = Call::post(template, target.clone(), json!(null), Some(ALICE));
+        too_large.body = Some(Body::Raw("application/json", vec![b' '; 300 * 1024]));
+        c.call(too_large).await;
+    }
+    c.call(Call::post(holds_t, holds.clone(), json!({"destination": format!("{queue}-missing")}), Some(ALICE))).await;
+
     let unseen = c.unseen();
     assert!(unseen.is_empty(), "documented but never answered: {unseen:#?}");
     admin.stop().await;
