@@ -58,7 +58,7 @@ pub const ACCOUNTING_RULES: Rules = Rules { tolerance: 0, polls: 3 };
 /// The queue roles whose ready messages count as waiting in the ladder: the tiers, `due` and
 /// `quarantine` (what it holds is parked by the service).
 fn is_waiting_role(role: &str) -> bool {
-    role == "due" || role == "quarantine" || role.starts_with("delay.")
+    role == "due" || role == "quarantine" || role == "held" || role.starts_with("delay.")
 }
 
 /// What one poll saw, for `/api/ladders`.
@@ -249,8 +249,22 @@ async fn poll(
     let mut reads = Vec::with_capacity(ladders.len());
     let mut broker_error = None;
     for ladder in ladders.iter() {
-        match broker.read(amqp, &ladder.queues, ready).await {
-            Ok(read) => reads.push(read),
+        // the held queues this process knows of, summed into one role (a destination is no label)
+        let mut queues = ladder.queues.clone();
+        if let Some(runtime) = state.ladder(&ladder.spec.name) {
+            let holds = runtime.holds.snapshot();
+            queues.extend(holds.all().map(|h| ("held".to_string(), runtime.names.held_queue(&h.destination))));
+        }
+        match broker.read(amqp, &queues, ready).await {
+            Ok(mut read) => {
+                let held: Vec<Option<u64>> = read.depths.iter().filter(|(r, _)| r == "held").map(|(_, m)| *m).collect();
+                if !held.is_empty() {
+                    read.depths.retain(|(r, _)| r != "held");
+                    let sum = held.iter().copied().sum::<Option<u64>>();
+                    read.depths.push(("held".to_string(), sum));
+                }
+                reads.push(read)
+            }
             Err(e) => {
                 broker_error = Some(e);
                 break;

@@ -467,6 +467,8 @@ async fn drain(
                 continue;
             }
         };
+        // counted in flight while held here, for the accounting identity
+        let _in_flight = crate::metrics::InFlight::enter(&ladder.metrics.hop(Hop::Due).in_flight);
         // paced: the rate holds from the first message on
         let wait = pacer.delay(Instant::now());
         tokio::select! {

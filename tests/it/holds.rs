@@ -46,7 +46,10 @@ async fn held_in(state: &State, destination: &str, held: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_rate_oldest_first() {
-    let mut t = TestLadder::start("hold", LADDER).await;
+    let mut t = TestLadder::configure_with("hold", ADMIN, LADDER).await;
+    t.start_service().await;
+    // the depth poller, whose accounting must count held messages as waiting
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let billing = t.declare_queue("billing", FieldTable::default()).await;
     t.track_queue(&names(&t).held_queue(&orders));
@@ -76,6 +79,10 @@ async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_
     assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "nothing to a held destination");
     let held_queue = names(&t).held_queue(&orders);
     eventually("all held", WAIT, async || (queue_depth(&t.client, &held_queue).await == n).then_some(())).await;
+    eventually("the poller counts them as waiting", WAIT, async || {
+        t.state.metrics.encode().contains("ladder_queue_messages{ladder=\"default\",queue=\"held\"} 20").then_some(())
+    })
+    .await;
 
     // resume: released at 10/s, oldest first, each once, with its one attempt (acked as received)
     let resumed_at = Instant::now();
@@ -119,9 +126,11 @@ async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_
         "ladder_held_messages_total{ladder=\"default\"} 20",
         "ladder_released_messages_total{ladder=\"default\"} 20",
         "ladder_destinations_held{ladder=\"default\"} 0",
+        "ladder_unaccounted_alarms_total{ladder=\"default\"} 0",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+    admin.stop().await;
 }
 
 /// A second service for the same config (another replica), stopped when dropped.
