@@ -276,6 +276,13 @@ impl Metrics {
                 .clone()
         };
         let per_hop = |make: &dyn Fn(Hop) -> HopMetrics| Hop::ALL.map(make);
+        // every transition kind's series exists from the start, so `increase()` works
+        for kind in HOLD_TRANSITIONS {
+            let _ = self.hold_transitions.get_or_create(&KindLabels {
+                ladder: ladder.clone(),
+                kind: kind.to_string(),
+            });
+        }
         let holds = HoldMetrics {
             ladder: ladder.clone(),
             transitions: self.hold_transitions.clone(),
@@ -428,6 +435,9 @@ struct TierHandles {
     next_leave: Gauge<f64, AtomicU64>,
     leaving: Arc<Mutex<LeaveTimes>>,
 }
+
+/// The kinds of `ladder_hold_transitions_total`.
+pub const HOLD_TRANSITIONS: [&str; 6] = ["held", "resumed", "released", "auto_held", "auto_resumed", "probe"];
 
 /// One ladder's destination-hold handles. No destination is a label (unbounded): transitions
 /// are counted by kind, and the held ones are a gauge per ladder.

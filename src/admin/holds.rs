@@ -83,15 +83,27 @@ pub(crate) struct HoldsAnswer {
 }
 
 async fn answer(state: &AdminState, ladder: &str) -> Result<HoldsAnswer, HoldError> {
-    let holds = state.desk.holds(ladder).await?;
+    // the running service's own state when it has read the stream (a read appends nothing);
+    // else the stream, read to a marker
+    let holds = match state.service.ladder(ladder).filter(|r| r.holds.caught_up()) {
+        Some(runtime) => runtime.holds.snapshot(),
+        None => state.desk.holds(ladder).await?,
+    };
     let names = crate::model::names::Names::new(&state.config.namespace, ladder);
     let mut views = Vec::new();
     for h in holds.all().filter(|h| h.holds_back()) {
-        views.push(view(h, names.held_queue(&h.destination), state.desk.held_depth(ladder, &h.destination).await));
+        views.push(view(
+            h,
+            names.held_queue(&h.destination),
+            state.desk.held_depth(ladder, &h.destination).await,
+        ));
     }
     let (busiest, window_ms) = match state.service.ladder(ladder) {
         Some(runtime) => {
-            let mut breaker = runtime.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut breaker = runtime
+                .breaker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let window = breaker.policy().window.as_millis() as u64;
             (breaker.busiest(now_ms(), BUSIEST), window)
         }
@@ -188,7 +200,10 @@ pub(crate) async fn hold(
     ApiJson(request): ApiJson<HoldRequest>,
 ) -> Result<Json<RecordAnswer>, ApiError> {
     let by = caller(&state, &headers, &ladder, "hold")?;
-    let record = state.desk.hold(&ladder, &request.destination, &by, &request.why).await?;
+    let record = state
+        .desk
+        .hold(&ladder, &request.destination, &by, &request.why)
+        .await?;
     Ok(Json(record_answer(ladder, record)))
 }
 
@@ -216,7 +231,13 @@ pub(crate) async fn resume(
 pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(ladder): Path<String>) -> Response {
     let answer = match answer(&state, &ladder).await {
         Ok(answer) => answer,
-        Err(e) => return (status(&e), page("Error", html! { p #outcome .error { (e.to_string()) } })).into_response(),
+        Err(e) => {
+            return (
+                status(&e),
+                page("Error", html! { p #outcome .error { (e.to_string()) } }),
+            )
+                .into_response();
+        }
     };
     let action = |what: &str| format!("/ladders/{}/destinations/{what}", segment(&ladder));
     let body = html! {
@@ -302,7 +323,10 @@ pub(crate) async fn hold_form(
     let destination = take(&mut pairs, "destination").unwrap_or_default();
     let why = take(&mut pairs, "why").unwrap_or_default();
     match state.desk.hold(&ladder, &destination, &by, &why).await {
-        Ok(r) => done(&ladder, html! { "Held " code { (r.destination) } " by " (r.by) ": its due messages wait in its held queue until it is resumed." }),
+        Ok(r) => done(
+            &ladder,
+            html! { "Held " code { (r.destination) } " by " (r.by) ": its due messages wait in its held queue until it is resumed." },
+        ),
         Err(e) => failed(&ladder, &e),
     }
 }
@@ -324,7 +348,10 @@ pub(crate) async fn resume_form(
         Err(e) => return failed(&ladder, &e),
     };
     match state.desk.resume(&ladder, &destination, &by, rate).await {
-        Ok(r) => done(&ladder, html! { "Resumed " code { (r.destination) } " by " (r.by) ": what it held is released at " (r.rate.unwrap_or_default()) ", oldest first." }),
+        Ok(r) => done(
+            &ladder,
+            html! { "Resumed " code { (r.destination) } " by " (r.by) ": what it held is released at " (r.rate.unwrap_or_default()) ", oldest first." },
+        ),
         Err(e) => failed(&ladder, &e),
     }
 }

@@ -102,7 +102,12 @@ impl HoldError {
 
 /// Checks that ladder `spec` may hold `destination` — allowed, and a queue that exists — and
 /// declares its held queue.
-async fn prepare(connection: &Connection, names: &Names, spec: &LadderSpec, destination: &str) -> Result<(), HoldError> {
+async fn prepare(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    destination: &str,
+) -> Result<(), HoldError> {
     if destination.is_empty() || destination.len() > 255 {
         return Err(HoldError::Invalid("a destination queue has 1 to 255 bytes".into()));
     }
@@ -117,7 +122,12 @@ async fn prepare(connection: &Connection, names: &Names, spec: &LadderSpec, dest
         passive: true,
         ..Default::default()
     };
-    match tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_declare(destination, passive, FieldTable::new())).await {
+    match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        channel.queue_declare(destination, passive, FieldTable::new()),
+    )
+    .await
+    {
         Err(_) => return Err(HoldError::Declare("the broker did not answer".into())),
         Ok(Err(e)) if e.reply_code() == Some(404) => return Err(HoldError::Missing(destination.into())),
         Ok(Err(e)) => return Err(e.into()),
@@ -127,7 +137,12 @@ async fn prepare(connection: &Connection, names: &Names, spec: &LadderSpec, dest
     declare_held_queue(connection, names, spec, destination).await
 }
 
-async fn declare_held_queue(connection: &Connection, names: &Names, spec: &LadderSpec, destination: &str) -> Result<(), HoldError> {
+async fn declare_held_queue(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    destination: &str,
+) -> Result<(), HoldError> {
     let declaration = plan::held_queue(names, spec, destination);
     match tokio::time::timeout(REQUEST_TIMEOUT, topology::apply(connection, &[declaration])).await {
         Ok(Ok(_)) => Ok(()),
@@ -220,12 +235,22 @@ pub async fn follow(
     holds.set_caught_up(false);
     let marker_id = crate::clock::unique_id("holds");
     let marker = serde_json::json!({"format": FOLLOW_MARKER_FORMAT, "id": marker_id});
-    append(connection, &names.holds, FOLLOW_MARKER_FORMAT, marker.to_string().as_bytes()).await?;
+    append(
+        connection,
+        &names.holds,
+        FOLLOW_MARKER_FORMAT,
+        marker.to_string().as_bytes(),
+    )
+    .await?;
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     bounded("setting the prefetch", channel.basic_qos(PREFETCH)).await?;
     let mut args = FieldTable::default();
     args.set("x-stream-offset", FieldValue::string("first"));
-    let mut consumer = bounded("subscribing to the holds", channel.basic_consume(&names.holds, "", false, args)).await?;
+    let mut consumer = bounded(
+        "subscribing to the holds",
+        channel.basic_consume(&names.holds, "", false, args),
+    )
+    .await?;
     loop {
         let delivery = tokio::select! {
             () = stop.cancelled() => break,
@@ -322,12 +347,16 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
         // the automatic hold
         let mut probes = Vec::new();
         if ladder.spec.auto_hold.is_some() {
-            let actions = ladder.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner).poll(now_ms(), |d| {
-                holds.get(d).and_then(|h| match h.state {
-                    HoldState::Held => Some(h.auto()),
-                    _ => None,
-                })
-            });
+            let actions = ladder
+                .breaker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .poll(now_ms(), |d| {
+                    holds.get(d).and_then(|h| match h.state {
+                        HoldState::Held => Some(h.auto()),
+                        _ => None,
+                    })
+                });
             for action in actions {
                 match action {
                     BreakerAction::Hold { destination, why } => {
@@ -339,7 +368,8 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
                     BreakerAction::Probe { destination } => probes.push(destination),
                     BreakerAction::Resume { destination } => {
                         info!(ladder = %ladder.spec.name, destination = %destination, "a probe came through; resuming automatically");
-                        if let Err(e) = resume(&connection, &ladder.names, &ladder.spec, &destination, AUTO, None).await {
+                        if let Err(e) = resume(&connection, &ladder.names, &ladder.spec, &destination, AUTO, None).await
+                        {
                             warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic resume failed");
                         }
                     }
@@ -368,9 +398,11 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
                 wanted.insert(destination, DrainKind::Probe);
             }
         }
-        // stop what should not run (a probe runs to its end)
+        // stop what should not run (a probe runs to its end while the destination is held)
         drains.retain(|destination, (kind, token)| {
-            let keep = *kind == DrainKind::Probe || wanted.get(destination) == Some(kind);
+            let probing =
+                *kind == DrainKind::Probe && holds.get(destination).is_some_and(|h| h.state == HoldState::Held);
+            let keep = probing || wanted.get(destination) == Some(kind);
             if !keep {
                 token.cancel();
             }
@@ -448,12 +480,16 @@ async fn drain(
                 // idle: is the queue empty?
                 match kind {
                     DrainKind::Release { since_ms, .. } => {
-                        if held_messages(connection, &queue).await == Some(0) {
-                            let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "", now_ms());
-                            record.of = Some(since_ms);
-                            if let Err(e) = append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await {
-                                break Err(e.into());
-                            }
+                        let empty = held_messages(connection, &queue).await == Some(0);
+                        let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "", now_ms());
+                        record.of = Some(since_ms);
+                        if empty
+                            && let Err(e) =
+                                append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await
+                        {
+                            break Err(e.into());
+                        }
+                        if empty {
                             // the follower turns it free; this drain is then stopped
                             tokio::select! {
                                 () = stop.cancelled() => break Ok(()),
@@ -499,15 +535,21 @@ pub async fn depth(connection: &Connection, queue: &str) -> Option<u32> {
 }
 
 async fn held_messages(connection: &Connection, queue: &str) -> Option<u32> {
-    let channel = tokio::time::timeout(REQUEST_TIMEOUT, connection.create_channel()).await.ok()?.ok()?;
+    let channel = tokio::time::timeout(REQUEST_TIMEOUT, connection.create_channel())
+        .await
+        .ok()?
+        .ok()?;
     let passive = QueueOptions {
         passive: true,
         ..Default::default()
     };
-    let info = tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_declare(queue, passive, FieldTable::new()))
-        .await
-        .ok()?
-        .ok();
+    let info = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        channel.queue_declare(queue, passive, FieldTable::new()),
+    )
+    .await
+    .ok()?
+    .ok();
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "counted")).await;
     info.map(|i| i.message_count)
 }

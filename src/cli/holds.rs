@@ -54,7 +54,11 @@ pub struct HoldsArgs {
 }
 
 fn who(by: Option<String>) -> String {
-    format!("cli:{}", by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "cli".into()))
+    format!(
+        "cli:{}",
+        by.or_else(|| std::env::var("USER").ok())
+            .unwrap_or_else(|| "cli".into())
+    )
 }
 
 fn time(ms: u64) -> String {
@@ -64,7 +68,9 @@ fn time(ms: u64) -> String {
 pub async fn hold(config: &Config, args: HoldArgs) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
     let names = Names::new(&config.namespace, &spec.name);
-    let connection = broker::supervisor::connect(&config.amqp).await.map_err(ParkingError::from)?;
+    let connection = broker::supervisor::connect(&config.amqp)
+        .await
+        .map_err(ParkingError::from)?;
     let held = broker::holds::hold(&connection, &names, spec, &args.queue, &who(args.by), &args.why).await;
     let _ = tokio::time::timeout(broker::cancels::BROKER_TIMEOUT, connection.close(200, "done")).await;
     let record = held.map_err(ParkingError::from)?;
@@ -86,7 +92,9 @@ pub async fn resume(config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCod
         .map(|r| r.parse::<Rate>().map_err(|e| ParkingError::Invalid(e.0)))
         .transpose()?;
     let names = Names::new(&config.namespace, &spec.name);
-    let connection = broker::supervisor::connect(&config.amqp).await.map_err(ParkingError::from)?;
+    let connection = broker::supervisor::connect(&config.amqp)
+        .await
+        .map_err(ParkingError::from)?;
     let resumed = async {
         let holds = broker::holds::snapshot(&connection, &names, spec).await?;
         if !holds.get(&args.queue).is_some_and(|h| h.state == HoldState::Held) {
@@ -109,7 +117,9 @@ pub async fn resume(config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCod
 pub async fn holds(config: &Config, args: HoldsArgs) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
     let names = Names::new(&config.namespace, &spec.name);
-    let connection = broker::supervisor::connect(&config.amqp).await.map_err(ParkingError::from)?;
+    let connection = broker::supervisor::connect(&config.amqp)
+        .await
+        .map_err(ParkingError::from)?;
     let read = broker::holds::snapshot(&connection, &names, spec).await;
     let _ = tokio::time::timeout(broker::cancels::BROKER_TIMEOUT, connection.close(200, "done")).await;
     let holds = read.map_err(ParkingError::from)?;

@@ -248,7 +248,9 @@ impl Holds {
 
     /// Whether the due hop must put `destination`'s messages into its held queue.
     pub fn holds_back(&self, destination: &str) -> bool {
-        self.by_destination.get(destination).is_some_and(DestinationHold::holds_back)
+        self.by_destination
+            .get(destination)
+            .is_some_and(DestinationHold::holds_back)
     }
 
     /// Every destination known, by name.
@@ -291,7 +293,11 @@ impl SharedHolds {
     /// read while nothing is held).
     pub fn holds_back(&self, destination: &str) -> bool {
         self.any_held.load(std::sync::atomic::Ordering::Acquire)
-            && self.inner.read().unwrap_or_else(PoisonError::into_inner).holds_back(destination)
+            && self
+                .inner
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .holds_back(destination)
     }
 
     /// A copy of the state.
@@ -445,7 +451,13 @@ impl Breaker {
     }
 
     fn watch(&mut self, destination: &str, now_ms: u64) -> &mut Watch {
-        if !self.watched.contains_key(destination) && self.watched.len() >= MAX_WATCHED {
+        // the hot path: a destination seen before costs no allocation
+        if self.watched.contains_key(destination) {
+            let w = self.watched.get_mut(destination).expect("just looked");
+            w.seen_ms = now_ms;
+            return w;
+        }
+        if self.watched.len() >= MAX_WATCHED {
             let stalest = self
                 .watched
                 .iter()
@@ -479,7 +491,10 @@ impl Breaker {
         let policy = self.policy;
         let w = self.watch(destination, now_ms);
         w.window.failed(policy.window, now_ms);
-        if let Phase::Open { probe_at_ms: Some(_), .. } = w.phase {
+        if let Phase::Open {
+            probe_at_ms: Some(_), ..
+        } = w.phase
+        {
             w.trips = w.trips.saturating_add(1);
             w.phase = Phase::Open {
                 until_ms: now_ms + min_hold(&policy, w.trips),
@@ -609,12 +624,21 @@ mod tests {
         assert!(!holds.holds_back("orders"));
         assert!(holds.apply(&record("orders", HoldAction::Held, 10), rate()));
         assert!(holds.holds_back("orders") && !holds.holds_back("billing"));
-        assert!(!holds.apply(&record("orders", HoldAction::Held, 11), rate()), "a repeat changes nothing");
+        assert!(
+            !holds.apply(&record("orders", HoldAction::Held, 11), rate()),
+            "a repeat changes nothing"
+        );
         let mut resume = record("orders", HoldAction::Resumed, 20);
         resume.rate = Some("3/s".into());
         assert!(holds.apply(&resume, rate()));
         let h = holds.get("orders").unwrap();
-        assert_eq!(h.state, HoldState::Releasing { rate: "3/s".parse().unwrap(), since_ms: 20 });
+        assert_eq!(
+            h.state,
+            HoldState::Releasing {
+                rate: "3/s".parse().unwrap(),
+                since_ms: 20
+            }
+        );
         assert_eq!(h.held_since_ms, 10);
         assert!(holds.holds_back("orders"), "new messages queue behind the release");
         // a stale end (of another release) is ignored
@@ -655,7 +679,13 @@ mod tests {
         let mut bad = record("q", HoldAction::Resumed, 2);
         bad.rate = Some("fast".into());
         holds.apply(&bad, rate());
-        assert_eq!(holds.get("q").unwrap().state, HoldState::Releasing { rate: rate(), since_ms: 2 });
+        assert_eq!(
+            holds.get("q").unwrap().state,
+            HoldState::Releasing {
+                rate: rate(),
+                since_ms: 2
+            }
+        );
     }
 
     #[test]
@@ -744,14 +774,29 @@ mod tests {
         assert_eq!(trip(&mut b, 0).len(), 1);
         // held for at least the window: no probe before
         assert!(b.poll(60_000, auto).is_empty());
-        assert_eq!(b.poll(60_050, auto), [BreakerAction::Probe { destination: "orders".into() }]);
+        assert_eq!(
+            b.poll(60_050, auto),
+            [BreakerAction::Probe {
+                destination: "orders".into()
+            }]
+        );
         // the probe fails: held again, now for twice the window
         b.failed("orders", 61_000);
         assert!(b.poll(61_000 + 119_999, auto).is_empty());
-        assert_eq!(b.poll(61_000 + 120_000, auto), [BreakerAction::Probe { destination: "orders".into() }]);
+        assert_eq!(
+            b.poll(61_000 + 120_000, auto),
+            [BreakerAction::Probe {
+                destination: "orders".into()
+            }]
+        );
         // this probe comes through: resumed one probe period later
         assert!(b.poll(181_000 + 9_999, auto).is_empty());
-        assert_eq!(b.poll(181_000 + 10_000, auto), [BreakerAction::Resume { destination: "orders".into() }]);
+        assert_eq!(
+            b.poll(181_000 + 10_000, auto),
+            [BreakerAction::Resume {
+                destination: "orders".into()
+            }]
+        );
         // tripping again right after doubles again (third trip: 4 × window)
         assert_eq!(trip(&mut b, 200_000).len(), 1);
         assert!(b.poll(200_050 + 239_999, auto).is_empty());

@@ -215,6 +215,7 @@ fn contract(ns: &str) -> Vec<String> {
         ),
         format!("binding  {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
         format!("queue    {n}.parked durable x-queue-type=stream"),
+        format!("queue    {n}.holds durable x-queue-type=stream"),
     ]
 }
 

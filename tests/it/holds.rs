@@ -63,30 +63,48 @@ async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_
     let mut billing_in = t.consume(&billing).await;
     let n = 20;
     for i in 0..n {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("o{i:02}"))).await;
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("o{i:02}")))
+            .await;
         // so that their due times are in this order
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // billing keeps flowing on time
     for i in 0..5 {
         let sent = Instant::now();
-        t.publish(&t.intake(), "", b"b", failure(&billing, &format!("b{i}"))).await;
+        t.publish(&t.intake(), "", b"b", failure(&billing, &format!("b{i}")))
+            .await;
         let d = next(&mut billing_in).await;
         assert_eq!(message_id(&d), format!("b{i}"));
-        assert!(sent.elapsed() < Duration::from_millis(200) + LATE, "billing late: {:?}", sent.elapsed());
+        assert!(
+            sent.elapsed() < Duration::from_millis(200) + LATE,
+            "billing late: {:?}",
+            sent.elapsed()
+        );
         billing_in.ack(&d);
     }
-    assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "nothing to a held destination");
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(),
+        "nothing to a held destination"
+    );
     let held_queue = names(&t).held_queue(&orders);
-    eventually("all held", WAIT, async || (queue_depth(&t.client, &held_queue).await == n).then_some(())).await;
+    eventually("all held", WAIT, async || {
+        (queue_depth(&t.client, &held_queue).await == n).then_some(())
+    })
+    .await;
     eventually("the poller counts them as waiting", WAIT, async || {
-        t.state.metrics.encode().contains("ladder_queue_messages{ladder=\"default\",queue=\"held\"} 20").then_some(())
+        t.state
+            .metrics
+            .encode()
+            .contains("ladder_queue_messages{ladder=\"default\",queue=\"held\"} 20")
+            .then_some(())
     })
     .await;
 
     // resume: released at 10/s, oldest first, each once, with its one attempt (acked as received)
     let resumed_at = Instant::now();
-    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None).await.unwrap();
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None)
+        .await
+        .unwrap();
     let got = receive_timed(&mut orders_in, n as usize).await;
     let ids: Vec<String> = got.iter().map(|(_, d)| message_id(d).to_string()).collect();
     let expected: Vec<String> = (0..n).map(|i| format!("o{i:02}")).collect();
@@ -114,9 +132,16 @@ async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_
     t.publish(&t.intake(), "", b"o", failure(&orders, "after")).await;
     let d = next(&mut orders_in).await;
     assert_eq!(message_id(&d), "after");
-    assert!(sent.elapsed() < Duration::from_millis(200) + LATE, "{:?}", sent.elapsed());
+    assert!(
+        sent.elapsed() < Duration::from_millis(200) + LATE,
+        "{:?}",
+        sent.elapsed()
+    );
     orders_in.ack(&d);
-    assert!(next_within(&mut orders_in, Duration::from_millis(500)).await.is_none(), "none twice");
+    assert!(
+        next_within(&mut orders_in, Duration::from_millis(500)).await.is_none(),
+        "none twice"
+    );
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
     let metrics = t.state.metrics.encode();
     for line in [
@@ -164,7 +189,12 @@ async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_i
     let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
     let holds = admin.url(&format!("/api/ladders/{}/holds", t.ladder));
 
-    let refused = http.post(&holds).json(&json!({"destination": orders})).send().await.unwrap();
+    let refused = http
+        .post(&holds)
+        .json(&json!({"destination": orders}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status().as_u16(), 401, "a hold needs a token");
     let answer = http
         .post(&holds)
@@ -175,15 +205,22 @@ async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_i
         .unwrap();
     assert_eq!(answer.status().as_u16(), 200);
     let answer: Value = answer.json().await.unwrap();
-    assert_eq!((answer["by"].as_str(), answer["action"].as_str()), (Some("alice"), Some("held")));
+    assert_eq!(
+        (answer["by"].as_str(), answer["action"].as_str()),
+        (Some("alice"), Some("held"))
+    );
     // the other replica holds it too
     held_in(&replica.2, &orders, true).await;
     held_in(&t.state, &orders, true).await;
     let mut orders_in = t.consume(&orders).await;
     for i in 0..10 {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("a{i}"))).await;
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("a{i}")))
+            .await;
     }
-    assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "neither replica delivers");
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(),
+        "neither replica delivers"
+    );
 
     // both restart: the hold is read back from the stream
     drop(replica);
@@ -193,21 +230,38 @@ async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_i
     held_in(&t.state, &orders, true).await;
     held_in(&replica.2, &orders, true).await;
     for i in 0..10 {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("b{i}"))).await;
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("b{i}")))
+            .await;
     }
-    assert!(next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(), "still held after restart");
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(),
+        "still held after restart"
+    );
     let listed: Value = http.get(&holds).send().await.unwrap().json().await.unwrap();
     let held = &listed["holds"][0];
     assert_eq!(held["destination"], orders.as_str());
-    assert_eq!((held["state"].as_str(), held["by"].as_str(), held["why"].as_str()), (Some("held"), Some("alice"), Some("maintenance")));
+    assert_eq!(
+        (held["state"].as_str(), held["by"].as_str(), held["why"].as_str()),
+        (Some("held"), Some("alice"), Some("maintenance"))
+    );
     eventually("20 in the held queue", WAIT, async || {
         let listed: Value = http.get(&holds).send().await.ok()?.json().await.ok()?;
         (listed["holds"][0]["messages"] == 20).then_some(())
     })
     .await;
     // the web page lists it
-    let page = http.get(admin.url("/ladders/default/destinations")).send().await.unwrap().text().await.unwrap();
-    assert!(page.contains(&orders) && page.contains("maintenance") && page.contains("alice"), "{page}");
+    let page = http
+        .get(admin.url("/ladders/default/destinations"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&orders) && page.contains("maintenance") && page.contains("alice"),
+        "{page}"
+    );
 
     // resume through the API, fast: every one delivered once, none parked
     let resume = admin.url(&format!("/api/ladders/{}/holds/resume", t.ladder));
@@ -222,7 +276,10 @@ async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_i
     let got = receive(&mut orders_in, 20).await;
     let ids: HashSet<String> = got.iter().map(|d| message_id(d).to_string()).collect();
     assert_eq!(ids.len(), 20, "none lost, none twice");
-    assert!(next_within(&mut orders_in, Duration::from_secs(1)).await.is_none(), "none twice");
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(1)).await.is_none(),
+        "none twice"
+    );
     held_in(&replica.2, &orders, false).await;
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
     admin.stop().await;
@@ -241,10 +298,18 @@ async fn holding_a_missing_or_disallowed_destination_is_refused() {
     // CLI: 64 with a clear reason
     let out = run_ladder(&config, &["hold", &missing, "--why", "x"], &[]).await;
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no such queue"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no such queue"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run_ladder(&config, &["hold", "elsewhere"], &[]).await;
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("allow-list"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("allow-list"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run_ladder(&config, &["resume", &orders], &[]).await;
     assert_eq!(out.status.code(), Some(64), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not held"));
@@ -274,7 +339,10 @@ async fn holding_a_missing_or_disallowed_destination_is_refused() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = run_ladder(&config, &["holds"], &[]).await;
     let listed = String::from_utf8_lossy(&out.stdout);
-    assert!(listed.contains(&orders) && listed.contains("cli:carol") && listed.contains("deploying"), "{listed}");
+    assert!(
+        listed.contains(&orders) && listed.contains("cli:carol") && listed.contains("deploying"),
+        "{listed}"
+    );
     let (status, _) = post(&resume, json!({"destination": orders, "rate": "fast"})).await;
     assert_eq!(status, 400);
     let out = run_ladder(&config, &["resume", &orders, "--rate", "fast"], &[]).await;
@@ -298,14 +366,18 @@ async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals()
     let mut consumer = t.consume(&orders).await;
     let n = 20;
     for i in 0..n {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}"))).await;
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}")))
+            .await;
     }
     // a consumer that fails everything: each delivery goes back to the ladder as received
     let runtime = t.state.ladder("default").unwrap();
     let tripped = Instant::now();
     let mut failed = 0;
     while !runtime.holds.holds_back(&orders) {
-        assert!(tripped.elapsed() < WAIT, "the automatic hold did not trip after {failed} failures");
+        assert!(
+            tripped.elapsed() < WAIT,
+            "the automatic hold did not trip after {failed} failures"
+        );
         if let Some(d) = next_within(&mut consumer, Duration::from_millis(100)).await {
             let props = republish_props(&d, &[]);
             t.publish(&t.intake(), "", &d.body, props).await;
@@ -316,7 +388,11 @@ async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals()
     let hold = runtime.holds.snapshot().get(&orders).cloned().unwrap();
     assert_eq!(hold.by, "auto");
     assert!(hold.why.contains("deliveries failed"), "{}", hold.why);
-    eprintln!("tripped after {failed} failures in {:?}: {}", tripped.elapsed(), hold.why);
+    eprintln!(
+        "tripped after {failed} failures in {:?}: {}",
+        tripped.elapsed(),
+        hold.why
+    );
 
     // the consumer heals: whatever still comes (in flight when it tripped, the probe, the
     // release) is acked; every message arrives, none is parked
@@ -330,15 +406,23 @@ async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals()
         }
     }
     assert_eq!(seen.len(), n, "every message delivered after healing: {seen:?}");
-    eventually("resumed automatically", WAIT, async || (!runtime.holds.holds_back(&orders)).then_some(())).await;
+    eventually("resumed automatically", WAIT, async || {
+        (!runtime.holds.holds_back(&orders)).then_some(())
+    })
+    .await;
     eprintln!("recovered {:?} after healing", healed.elapsed());
     let metrics = t.state.metrics.encode();
     for line in [
         "ladder_hold_transitions_total{ladder=\"default\",kind=\"auto_held\"} 1",
-        "ladder_hold_transitions_total{ladder=\"default\",kind=\"probe\"}",
         "ladder_hold_transitions_total{ladder=\"default\",kind=\"auto_resumed\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+    let probes: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ladder_hold_transitions_total{ladder=\"default\",kind=\"probe\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(probes >= 1, "a probe went out before the resume:\n{metrics}");
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
 }
