@@ -31,6 +31,13 @@ fn failure(to: &str, id: &str) -> BasicProperties {
     retry_props(to, None).with_message_id(id)
 }
 
+/// A form's body, URL-encoded.
+fn form_body(pairs: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
 fn names(t: &TestLadder) -> Names {
     Names::new(&t.ns, &t.ladder)
 }
@@ -350,6 +357,71 @@ async fn holding_a_missing_or_disallowed_destination_is_refused() {
     let out = run_ladder(&config, &["resume", &orders, "--rate", "20/s"], &[]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("20/s"));
+    held_in(&t.state, &orders, false).await;
+
+    // the web page's forms: a token is needed; a hold and a resume each say what they did
+    let form = admin.url("/ladders/default/destinations/hold");
+    let refused = http
+        .post(&form)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("destination", orders.as_str())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 403);
+    let page = http
+        .post(&form)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("destination", missing.as_str()), ("token", ALICE)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 404);
+    assert!(page.text().await.unwrap().contains("no such queue"));
+    eventually("the release ended", WAIT, async || {
+        let runtime = t.state.ladder("default")?;
+        (runtime.holds.snapshot().get(&orders)?.state == HoldState::Free).then_some(())
+    })
+    .await;
+    let page = http
+        .post(&form)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("destination", orders.as_str()),
+            ("why", "from the page"),
+            ("token", ALICE),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    assert!(page.text().await.unwrap().contains("Held"));
+    held_in(&t.state, &orders, true).await;
+    let listing = http
+        .get(admin.url("/ladders/default/destinations"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        listing.contains("from the page") && listing.contains("Resume"),
+        "{listing}"
+    );
+    let page = http
+        .post(admin.url("/ladders/default/destinations/resume"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[
+            ("destination", orders.as_str()),
+            ("rate", "5/s"),
+            ("token", ALICE),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    assert!(page.text().await.unwrap().contains("5/s"));
     held_in(&t.state, &orders, false).await;
     admin.stop().await;
 }
