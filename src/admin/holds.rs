@@ -72,12 +72,27 @@ pub(crate) struct BusyView {
     failed: u64,
 }
 
+/// One transition, as the stream recorded it.
+#[derive(Serialize)]
+pub(crate) struct TransitionView {
+    destination: String,
+    /// `held`, `resumed` or `released`.
+    action: &'static str,
+    by: String,
+    why: String,
+    at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<String>,
+}
+
 /// `GET /api/ladders/{ladder}/holds`.
 #[derive(Serialize)]
 pub(crate) struct HoldsAnswer {
     ladder: String,
     holds: Vec<HoldView>,
     busiest: Vec<BusyView>,
+    /// The latest transitions, newest first.
+    recent: Vec<TransitionView>,
     /// The window `busiest` counts over, ms.
     window_ms: u64,
 }
@@ -118,6 +133,17 @@ async fn answer(state: &AdminState, ladder: &str) -> Result<HoldsAnswer, HoldErr
                 destination,
                 delivered,
                 failed,
+            })
+            .collect(),
+        recent: holds
+            .recent()
+            .map(|r| TransitionView {
+                destination: r.destination.clone(),
+                action: r.action.code(),
+                by: r.by.clone(),
+                why: r.why.clone(),
+                at_ms: r.at_ms,
+                rate: r.rate.clone(),
             })
             .collect(),
         window_ms,
@@ -285,6 +311,23 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
                 tr { th { "Destination" } th { "Delivered" } th { "Failed back" } }
                 @for b in &answer.busiest {
                     tr { td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) } }
+                }
+            }
+        }
+        h2 { "Recent transitions" }
+        @if answer.recent.is_empty() {
+            p { "None yet." }
+        } @else {
+            table #transitions {
+                tr { th { "When" } th { "Destination" } th { "Transition" } th { "By" } th { "Why" } }
+                @for r in &answer.recent {
+                    tr {
+                        td { (format_time(r.at_ms)) }
+                        td { code { (r.destination) } }
+                        td { (r.action) @if let Some(rate) = &r.rate { " at " (rate) } }
+                        td { (r.by) }
+                        td { (r.why) }
+                    }
                 }
             }
         }

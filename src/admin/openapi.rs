@@ -361,7 +361,7 @@ fn holds_paths() -> Value {
                     "200": {"description": "the holds", "content": {"application/json": {"schema": {
                         "type": "object",
                         "additionalProperties": false,
-                        "required": ["ladder", "holds", "busiest", "window_ms"],
+                        "required": ["ladder", "holds", "busiest", "recent", "window_ms"],
                         "properties": {
                             "ladder": {"type": "string"},
                             "window_ms": count(),
@@ -379,6 +379,19 @@ fn holds_paths() -> Value {
                                     "rate": {"type": "string"},
                                     "held_queue": {"type": "string"},
                                     "messages": {"type": "integer", "minimum": 0, "nullable": true},
+                                },
+                            }},
+                            "recent": {"type": "array", "maxItems": crate::model::holds::MAX_RECENT, "items": {
+                                "type": "object",
+                                "additionalProperties": false,
+                                "required": ["destination", "action", "by", "why", "at_ms"],
+                                "properties": {
+                                    "destination": {"type": "string"},
+                                    "action": {"type": "string", "enum": ["held", "resumed", "released"]},
+                                    "by": {"type": "string"},
+                                    "why": {"type": "string"},
+                                    "at_ms": count(),
+                                    "rate": {"type": "string"},
                                 },
                             }},
                             "busiest": {"type": "array", "maxItems": crate::admin::holds::BUSIEST, "items": {

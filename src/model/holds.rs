@@ -29,6 +29,9 @@ pub const MAX_WATCHED: usize = 10_000;
 /// A window is counted in this many buckets: it slides by a tenth of itself.
 pub const WINDOW_BUCKETS: u64 = 10;
 
+/// Transitions kept for the page and the API, newest last.
+pub const MAX_RECENT: usize = 50;
+
 /// `why` is cut to this many bytes.
 pub const MAX_WHY_BYTES: usize = 512;
 
@@ -186,6 +189,7 @@ impl DestinationHold {
 #[derive(Debug, Default, Clone)]
 pub struct Holds {
     by_destination: BTreeMap<String, DestinationHold>,
+    recent: VecDeque<HoldRecord>,
 }
 
 impl Holds {
@@ -227,6 +231,10 @@ impl Holds {
             _ => return false,
         };
         self.by_destination.insert(record.destination.clone(), next);
+        self.recent.push_back(record.clone());
+        if self.recent.len() > MAX_RECENT {
+            self.recent.pop_front();
+        }
         if self.by_destination.len() > MAX_HOLDS {
             let oldest_free = self
                 .by_destination
@@ -256,6 +264,11 @@ impl Holds {
     /// Every destination known, by name.
     pub fn all(&self) -> impl Iterator<Item = &DestinationHold> {
         self.by_destination.values()
+    }
+
+    /// The latest transitions (at most [`MAX_RECENT`]), newest first.
+    pub fn recent(&self) -> impl Iterator<Item = &HoldRecord> {
+        self.recent.iter().rev()
     }
 
     /// How many are held or releasing.
@@ -661,6 +674,13 @@ mod tests {
         assert!(!holds.apply(&late, rate()));
         assert_eq!(holds.get("x").unwrap().state, HoldState::Held);
         assert_eq!(holds.held_count(), 1);
+        // the transitions that changed something, newest first
+        let recent: Vec<_> = holds
+            .recent()
+            .map(|r| (r.destination.as_str(), r.action, r.at_ms))
+            .collect();
+        assert_eq!(recent[0], ("x", HoldAction::Held, 70));
+        assert_eq!(recent.len(), 6, "{recent:?}");
     }
 
     #[test]

@@ -251,6 +251,7 @@ async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_i
         (held["state"].as_str(), held["by"].as_str(), held["why"].as_str()),
         (Some("held"), Some("alice"), Some("maintenance"))
     );
+    assert_eq!(listed["recent"][0]["action"], "held", "{listed}");
     eventually("20 in the held queue", WAIT, async || {
         let listed: Value = http.get(&holds).send().await.ok()?.json().await.ok()?;
         (listed["holds"][0]["messages"] == 20).then_some(())
