@@ -514,11 +514,14 @@ async fn drain(
             }
             () = tokio::time::sleep(wait) => {}
         }
-        if let Err(e) = release_one(ladder, &channel, destination, &delivery).await {
-            break Err(e);
-        }
+        let delivered = match release_one(ladder, &channel, destination, &delivery).await {
+            Ok(delivered) => delivered,
+            Err(e) => break Err(e),
+        };
         channel.basic_ack(delivery.delivery_tag, false)?;
-        ladder.metrics.holds.released_messages.inc();
+        if delivered {
+            ladder.metrics.holds.released_messages.inc();
+        }
         idle_since = Instant::now();
         if kind == DrainKind::Probe {
             break Ok(());
@@ -555,13 +558,19 @@ async fn held_messages(connection: &Connection, queue: &str) -> Option<u32> {
 }
 
 /// Publishes one held message to `destination` (mandatory, confirmed) until the broker takes
-/// it: a refusal (a full destination) is tried again with backoff, a return parks it.
+/// it: a refusal (a full destination) is tried again with backoff, a return parks it, and so
+/// does a cancellation of its message id. Whether it was delivered.
 async fn release_one(
     ladder: &LadderRuntime,
     channel: &ladder_amqp::Channel,
     destination: &str,
     delivery: &Delivery,
-) -> Result<(), HoldError> {
+) -> Result<bool, HoldError> {
+    if ladder.cancelled(&delivery.properties) {
+        let park = protocol::cancelled_while_held(&delivery.properties, destination);
+        relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
+        return Ok(false);
+    }
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let confirm = channel.basic_publish("", destination, true, &delivery.properties, &delivery.body)?;
@@ -573,7 +582,7 @@ async fn release_one(
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .delivered(destination, now_ms());
-                return Ok(());
+                return Ok(true);
             }
             Confirmation::Returned(returned) => {
                 let forward = Forward {
@@ -593,7 +602,7 @@ async fn release_one(
                     &returned.reply_text,
                 );
                 relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
-                return Ok(());
+                return Ok(false);
             }
             Confirmation::Nack | Confirmation::NotRequested => {
                 let pause = backoff.next_wait();

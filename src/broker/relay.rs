@@ -113,7 +113,7 @@ impl LadderRuntime {
     }
 
     /// Whether the message's id was cancelled.
-    fn cancelled(&self, props: &ladder_amqp::BasicProperties) -> bool {
+    pub(crate) fn cancelled(&self, props: &ladder_amqp::BasicProperties) -> bool {
         !self.cancels.is_empty()
             && props
                 .message_id

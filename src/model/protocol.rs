@@ -1197,6 +1197,21 @@ fn scheduled_due_at(h: &FieldTable, now_ms: u64) -> Result<u64, String> {
     }
 }
 
+/// The park of a message cancelled while it waited in a held destination's queue (released
+/// after the cancellation): parked as `cancelled`, never delivered.
+pub fn cancelled_while_held(props: &BasicProperties, destination: &str) -> Park {
+    let h = props.headers_or_empty();
+    Park {
+        reason: ParkReason::Cancelled,
+        detail: format!("{} (it waited in a held queue)", cancelled_detail(props)),
+        destination: Some(destination.to_string()),
+        attempts: optional_u64(&h, header::RETRY_ATTEMPT).ok().flatten(),
+        first_failed_at_ms: first_failed_at_of(props),
+        history: history_of(props),
+        replayed_from: replayed_from_of(props),
+    }
+}
+
 fn cancelled_detail(props: &BasicProperties) -> String {
     let id = props
         .message_id

@@ -499,3 +499,42 @@ async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals()
     assert!(probes >= 1, "a probe went out before the resume:\n{metrics}");
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_cancelled_while_held_is_parked_on_release_not_delivered() {
+    let ladder = "exact_delays = true\nbackoff = [\"200ms\"]\nallow = [\"^{ns}-\"]\nrelease_rate = \"50/s\"";
+    let mut t = TestLadder::start("holdcancel", ladder).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "")
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+    let mut orders_in = t.consume(&orders).await;
+    for id in ["keep", "stop"] {
+        t.publish(&t.intake(), "", id.as_bytes(), failure(&orders, id)).await;
+    }
+    let held_queue = names(&t).held_queue(&orders);
+    eventually("both held", WAIT, async || {
+        (queue_depth(&t.client, &held_queue).await == 2).then_some(())
+    })
+    .await;
+    ladder::broker::cancels::cancel(&t.client, &names(&t), "stop", "test")
+        .await
+        .unwrap();
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None)
+        .await
+        .unwrap();
+    let d = next(&mut orders_in).await;
+    assert_eq!(message_id(&d), "keep");
+    orders_in.ack(&d);
+    let parked = t.parked(1).await;
+    assert_eq!(parked[0].reason, "cancelled", "{}", parked[0].detail);
+    assert_eq!(parked[0].message.properties["message_id"], "stop");
+    assert!(parked[0].detail.contains("held queue"), "{}", parked[0].detail);
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(1)).await.is_none(),
+        "the cancelled one is not delivered"
+    );
+}
