@@ -358,7 +358,10 @@ const DEFAULT_AUTO_FAILURE_PERMILLE: u32 = 900;
 const DEFAULT_AUTO_PROBE_EVERY: Duration = Duration::from_secs(10);
 const DEFAULT_AUTO_MAX_HOLD: Duration = Duration::from_secs(600);
 
-fn validate_auto_hold(raw: RawAutoHold, err: &dyn Fn(&str, String) -> ConfigError) -> Result<Option<crate::model::holds::AutoHoldPolicy>, ConfigError> {
+fn validate_auto_hold(
+    raw: RawAutoHold,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Option<crate::model::holds::AutoHoldPolicy>, ConfigError> {
     let window = raw.window.map_or(DEFAULT_AUTO_WINDOW, |w| *w);
     if window < Duration::from_secs(1) || window > Duration::from_secs(86_400) {
         return Err(err("auto_hold.window", "must be between 1s and 24h".into()));
@@ -370,7 +373,12 @@ fn validate_auto_hold(raw: RawAutoHold, err: &dyn Fn(&str, String) -> ConfigErro
                 .trim()
                 .strip_suffix('%')
                 .and_then(|n| n.trim().parse().ok())
-                .ok_or_else(|| err("auto_hold.failure_ratio", format!("{text:?} must be a percentage such as \"90%\"")))?;
+                .ok_or_else(|| {
+                    err(
+                        "auto_hold.failure_ratio",
+                        format!("{text:?} must be a percentage such as \"90%\""),
+                    )
+                })?;
             if !(1.0..=100.0).contains(&percent) {
                 return Err(err("auto_hold.failure_ratio", "must be between 1% and 100%".into()));
             }
@@ -389,13 +397,16 @@ fn validate_auto_hold(raw: RawAutoHold, err: &dyn Fn(&str, String) -> ConfigErro
     if max_hold < window {
         return Err(err("auto_hold.max_hold", "must be at least the window".into()));
     }
-    Ok(raw.enabled.unwrap_or(false).then_some(crate::model::holds::AutoHoldPolicy {
-        window,
-        min_deliveries,
-        failure_permille,
-        probe_every,
-        max_hold,
-    }))
+    Ok(raw
+        .enabled
+        .unwrap_or(false)
+        .then_some(crate::model::holds::AutoHoldPolicy {
+            window,
+            min_deliveries,
+            failure_permille,
+            probe_every,
+            max_hold,
+        }))
 }
 
 /// Loads and validates `file`, its ladders, and overrides from `env` (`LADDER_` keys, `__`
@@ -1012,7 +1023,9 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
     spec.jitter = jitter;
     spec.allow_exchanges = allow_exchanges;
     if let Some(rate) = raw.release_rate {
-        spec.release_rate = rate.parse().map_err(|e: crate::model::lot::Invalid| err("release_rate", e.0))?;
+        spec.release_rate = rate
+            .parse()
+            .map_err(|e: crate::model::lot::Invalid| err("release_rate", e.0))?;
     }
     if let Some(auto) = raw.auto_hold {
         spec.auto_hold = validate_auto_hold(auto, &err)?;
@@ -1267,24 +1280,62 @@ mod tests {
 
     #[test]
     fn release_rate_and_auto_hold() {
-        let one = |ladder: &str| Fixture::new("", &[("default", ladder)]).load(&[]).unwrap().ladders.remove(0);
+        let one = |ladder: &str| {
+            Fixture::new("", &[("default", ladder)])
+                .load(&[])
+                .unwrap()
+                .ladders
+                .remove(0)
+        };
         let l = one("backoff = [\"1s\"]\nallow = []");
         assert_eq!(l.release_rate, crate::model::ladder::DEFAULT_RELEASE_RATE);
         assert_eq!(l.auto_hold, None);
-        let l = one("backoff = [\"1s\"]\nallow = []\nrelease_rate = \"3/s\"\n[auto_hold]\nenabled = true\nwindow = \"10s\"\nfailure_ratio = \"80%\"\nmin_deliveries = 5\nprobe_every = \"2s\"");
+        let l = one(
+            "backoff = [\"1s\"]\nallow = []\nrelease_rate = \"3/s\"\n[auto_hold]\nenabled = true\nwindow = \"10s\"\nfailure_ratio = \"80%\"\nmin_deliveries = 5\nprobe_every = \"2s\"",
+        );
         assert_eq!(l.release_rate, "3/s".parse().unwrap());
         let p = l.auto_hold.unwrap();
-        assert_eq!((p.window, p.min_deliveries, p.failure_permille, p.probe_every), (Duration::from_secs(10), 5, 800, Duration::from_secs(2)));
+        assert_eq!(
+            (p.window, p.min_deliveries, p.failure_permille, p.probe_every),
+            (Duration::from_secs(10), 5, 800, Duration::from_secs(2))
+        );
         assert_eq!(p.max_hold, Duration::from_secs(600));
         // off unless enabled, even when configured
-        assert_eq!(one("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"10s\"").auto_hold, None);
+        assert_eq!(
+            one("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"10s\"").auto_hold,
+            None
+        );
         for (toml, key, says) in [
-            ("backoff = [\"1s\"]\nallow = []\nrelease_rate = \"fast\"", "release_rate", "N/s"),
-            ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nfailure_ratio = \"90\"", "auto_hold.failure_ratio", "percentage"),
-            ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nfailure_ratio = \"0%\"", "auto_hold.failure_ratio", "between"),
-            ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nmin_deliveries = 0", "auto_hold.min_deliveries", "at least 1"),
-            ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"10ms\"", "auto_hold.window", "between"),
-            ("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"2m\"\nmax_hold = \"1m\"", "auto_hold.max_hold", "at least the window"),
+            (
+                "backoff = [\"1s\"]\nallow = []\nrelease_rate = \"fast\"",
+                "release_rate",
+                "N/s",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\n[auto_hold]\nfailure_ratio = \"90\"",
+                "auto_hold.failure_ratio",
+                "percentage",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\n[auto_hold]\nfailure_ratio = \"0%\"",
+                "auto_hold.failure_ratio",
+                "between",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\n[auto_hold]\nmin_deliveries = 0",
+                "auto_hold.min_deliveries",
+                "at least 1",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"10ms\"",
+                "auto_hold.window",
+                "between",
+            ),
+            (
+                "backoff = [\"1s\"]\nallow = []\n[auto_hold]\nwindow = \"2m\"\nmax_hold = \"1m\"",
+                "auto_hold.max_hold",
+                "at least the window",
+            ),
         ] {
             let e = problem("", toml);
             assert_eq!(e.key, key, "{toml}");

@@ -73,9 +73,15 @@ fn main() -> ExitCode {
         Command::Scheduled(args) => runtime()
             .block_on(cli::scheduled::scheduled(&config, args))
             .unwrap_or_else(failed),
-        Command::Hold(args) => runtime().block_on(cli::holds::hold(&config, args)).unwrap_or_else(failed),
-        Command::Resume(args) => runtime().block_on(cli::holds::resume(&config, args)).unwrap_or_else(failed),
-        Command::Holds(args) => runtime().block_on(cli::holds::holds(&config, args)).unwrap_or_else(failed),
+        Command::Hold(args) => runtime()
+            .block_on(cli::holds::hold(&config, args))
+            .unwrap_or_else(failed),
+        Command::Resume(args) => runtime()
+            .block_on(cli::holds::resume(&config, args))
+            .unwrap_or_else(failed),
+        Command::Holds(args) => runtime()
+            .block_on(cli::holds::holds(&config, args))
+            .unwrap_or_else(failed),
     }
 }
 

@@ -199,7 +199,7 @@ impl Metrics {
         );
         registry.register(
             "ladder_hold_transitions",
-            "Destination hold transitions read from the hold stream, by kind: held, resumed, released (a release found the held queue empty), auto_held, auto_resumed; and probe (a probe this process released)",
+            "Destination hold transitions read from the hold stream, by kind: held, resumed, released (a release found the held queue empty), auto_held, auto_resumed, probed (a replica released a probe), probe_failed (a replica's intake saw it fail); and probe (a probe this process released)",
             m.hold_transitions.clone(),
         );
         registry.register(
@@ -437,7 +437,16 @@ struct TierHandles {
 }
 
 /// The kinds of `ladder_hold_transitions_total`.
-pub const HOLD_TRANSITIONS: [&str; 6] = ["held", "resumed", "released", "auto_held", "auto_resumed", "probe"];
+pub const HOLD_TRANSITIONS: [&str; 8] = [
+    "held",
+    "resumed",
+    "released",
+    "auto_held",
+    "auto_resumed",
+    "probed",
+    "probe_failed",
+    "probe",
+];
 
 /// One ladder's destination-hold handles. No destination is a label (unbounded): transitions
 /// are counted by kind, and the held ones are a gauge per ladder.

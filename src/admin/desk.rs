@@ -23,16 +23,16 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::broker::holds::HoldError;
 use crate::broker::lot::{ActIndex, ErrorKind, Outcome, Page, PageRequest, ParkingError, ParkingLot, ReplayOptions};
 use crate::broker::supervisor as service;
 use crate::config::Config;
-use crate::broker::holds::HoldError;
 use crate::model::cancels::Cancellation;
 use crate::model::holds::{HoldRecord, HoldState, Holds};
-use crate::model::lot::pace::Rate;
 use crate::model::ladder::LadderSpec;
 use crate::model::lot::filter::Filter;
 use crate::model::lot::index::{Counts, SharedIndex};
+use crate::model::lot::pace::Rate;
 use crate::model::lot::record::ParkedEntry;
 
 /// How long an action waits for the index to reach its marker before it gives up: the
@@ -345,7 +345,13 @@ impl Desk {
 
     /// Resumes `destination` in `ladder` (refused unless the stream says it is held): released
     /// at `rate`, the ladder's `release_rate` if `None`.
-    pub async fn resume(&self, ladder: &str, destination: &str, by: &str, rate: Option<Rate>) -> Result<HoldRecord, HoldError> {
+    pub async fn resume(
+        &self,
+        ladder: &str,
+        destination: &str,
+        by: &str,
+        rate: Option<Rate>,
+    ) -> Result<HoldRecord, HoldError> {
         let (spec, names) = self.spec_names(ladder)?;
         let connection = self.connection().await.map_err(|e| HoldError::Declare(e.to_string()))?;
         let holds = crate::broker::holds::snapshot(&connection, &names, &spec).await?;

@@ -253,11 +253,20 @@ async fn poll(
         let mut queues = ladder.queues.clone();
         if let Some(runtime) = state.ladder(&ladder.spec.name) {
             let holds = runtime.holds.snapshot();
-            queues.extend(holds.all().map(|h| ("held".to_string(), runtime.names.held_queue(&h.destination))));
+            queues.extend(
+                holds
+                    .all()
+                    .map(|h| ("held".to_string(), runtime.names.held_queue(&h.destination))),
+            );
         }
         match broker.read(amqp, &queues, ready).await {
             Ok(mut read) => {
-                let held: Vec<Option<u64>> = read.depths.iter().filter(|(r, _)| r == "held").map(|(_, m)| *m).collect();
+                let held: Vec<Option<u64>> = read
+                    .depths
+                    .iter()
+                    .filter(|(r, _)| r == "held")
+                    .map(|(_, m)| *m)
+                    .collect();
                 if !held.is_empty() {
                     read.depths.retain(|(r, _)| r != "held");
                     let sum = held.iter().copied().sum::<Option<u64>>();

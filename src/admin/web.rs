@@ -987,7 +987,12 @@ pub(crate) fn take(pairs: &mut Vec<(String, String)>, key: &str) -> Option<Strin
 }
 
 /// The caller's name for the form's token, or why it is refused (logged).
-pub(crate) fn caller(state: &AdminState, token: Option<&str>, ladder: &str, action: &str) -> Result<String, &'static str> {
+pub(crate) fn caller(
+    state: &AdminState,
+    token: Option<&str>,
+    ladder: &str,
+    action: &str,
+) -> Result<String, &'static str> {
     api::authorize(&state.config.admin.tokens, token)
         .map(str::to_string)
         .map_err(|denied| {

@@ -66,7 +66,12 @@ fn record_properties(format: &str) -> BasicProperties {
 }
 
 /// Appends `record` to the stream `stream` and waits for the broker's confirm.
-pub(crate) async fn append(connection: &Connection, stream: &str, format: &str, body: &[u8]) -> Result<(), CancelError> {
+pub(crate) async fn append(
+    connection: &Connection,
+    stream: &str,
+    format: &str,
+    body: &[u8],
+) -> Result<(), CancelError> {
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     bounded("selecting confirms", channel.confirm_select()).await?;
     let confirm = channel.basic_publish("", stream, true, &record_properties(format), body)?;

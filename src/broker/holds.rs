@@ -29,7 +29,9 @@ use crate::broker::relay::{self, LadderRuntime};
 use crate::broker::topology;
 use crate::clock::now_ms;
 use crate::model::backoff::Backoff;
-use crate::model::holds::{AUTO, BreakerAction, HOLD_FORMAT, HoldAction, HoldRecord, HoldState, Holds, SharedHolds};
+use crate::model::holds::{
+    AUTO, BreakerAction, HOLD_FORMAT, HoldAction, HoldRecord, HoldState, Holds, ProbeStep, SharedHolds,
+};
 use crate::model::ladder::LadderSpec;
 use crate::model::lot::pace::{Pacer, Rate};
 use crate::model::names::{Hop, Names};
@@ -52,6 +54,9 @@ const IDLE_CHECK: Duration = Duration::from_millis(500);
 /// A drain of a free destination (stragglers a lagging replica put in after the release ended,
 /// or that a crash left) stops after its queue was empty for this long.
 const STRAGGLER_GRACE: Duration = Duration::from_secs(60);
+
+/// How often the prober of an automatic hold looks whether its probe is due.
+const PROBE_TICK: Duration = Duration::from_millis(100);
 
 /// How long a hold, a resume or a snapshot may take at most, for an operator's request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -161,8 +166,18 @@ pub async fn hold(
     by: &str,
     why: &str,
 ) -> Result<HoldRecord, HoldError> {
-    prepare(connection, names, spec, destination).await?;
     let record = HoldRecord::new(destination, HoldAction::Held, by, why, now_ms());
+    record_hold(connection, names, spec, record).await
+}
+
+async fn record_hold(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    record: HoldRecord,
+) -> Result<HoldRecord, HoldError> {
+    let (destination, by, why) = (&record.destination, &record.by, &record.why);
+    prepare(connection, names, spec, destination).await?;
     append(connection, &names.holds, HOLD_FORMAT, &record.to_json()).await?;
     info!(ladder = %spec.name, destination, by, why, "destination hold recorded");
     Ok(record)
@@ -315,7 +330,8 @@ enum DrainKind {
     Release { rate: Rate, since_ms: u64 },
     /// A free destination: release stragglers, stop when idle for [`STRAGGLER_GRACE`].
     Stragglers,
-    /// One message, a probe of an automatically held destination.
+    /// An automatic hold: wait on its held queue; as the single active consumer, send its
+    /// probes.
     Probe,
 }
 
@@ -328,6 +344,8 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
     // free destinations whose straggler drain ended, by the change it was for
     let mut drained_free: HashMap<String, u64> = HashMap::new();
     let mut tick = tokio::time::interval(RELEASER_TICK);
+    // this replica, as the prober of an automatic hold
+    let me = crate::clock::unique_id("releaser");
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -344,42 +362,18 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
             _ = tick.tick() => {}
         }
         let holds = ladder.holds.snapshot();
-        // the automatic hold
-        let mut probes = Vec::new();
-        if ladder.spec.auto_hold.is_some() {
-            let actions = ladder
-                .breaker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .poll(now_ms(), |d| {
-                    holds.get(d).and_then(|h| match h.state {
-                        HoldState::Held => Some(h.auto()),
-                        _ => None,
-                    })
-                });
-            for action in actions {
-                match action {
-                    BreakerAction::Hold { destination, why } => {
-                        warn!(ladder = %ladder.spec.name, destination = %destination, why = %why, "holding a failing destination automatically");
-                        if let Err(e) = hold(&connection, &ladder.names, &ladder.spec, &destination, AUTO, &why).await {
-                            warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic hold failed");
-                        }
-                    }
-                    BreakerAction::Probe { destination } => probes.push(destination),
-                    BreakerAction::Resume { destination } => {
-                        info!(ladder = %ladder.spec.name, destination = %destination, "a probe came through; resuming automatically");
-                        if let Err(e) = resume(&connection, &ladder.names, &ladder.spec, &destination, AUTO, None).await
-                        {
-                            warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic resume failed");
-                        }
-                    }
-                }
-            }
+        if let Some(policy) = ladder.spec.auto_hold {
+            auto_hold(&connection, &ladder, &holds, &policy, &me).await;
         }
         // what should run
         let mut wanted: HashMap<String, DrainKind> = HashMap::new();
         for h in holds.all() {
             match h.state {
+                // every replica waits on the held queue of an automatic hold; the single active
+                // consumer, which holds its oldest message, is the prober
+                HoldState::Held if h.probing.is_some() && ladder.spec.auto_hold.is_some() => {
+                    wanted.insert(h.destination.clone(), DrainKind::Probe);
+                }
                 HoldState::Held => {}
                 HoldState::Releasing { rate, since_ms } => {
                     wanted.insert(h.destination.clone(), DrainKind::Release { rate, since_ms });
@@ -391,18 +385,9 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
                 }
             }
         }
-        for destination in probes {
-            if holds.get(&destination).is_some_and(|h| h.state == HoldState::Held) {
-                ladder.metrics.holds.transition("probe");
-                info!(ladder = %ladder.spec.name, destination = %destination, "releasing one message as a probe");
-                wanted.insert(destination, DrainKind::Probe);
-            }
-        }
-        // stop what should not run (a probe runs to its end while the destination is held)
+        // stop what should not run
         drains.retain(|destination, (kind, token)| {
-            let probing =
-                *kind == DrainKind::Probe && holds.get(destination).is_some_and(|h| h.state == HoldState::Held);
-            let keep = probing || wanted.get(destination) == Some(kind);
+            let keep = wanted.get(destination) == Some(kind);
             if !keep {
                 token.cancel();
             }
@@ -415,10 +400,14 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
             let token = stop.child_token();
             drains.insert(destination.clone(), (kind, token.clone()));
             let span = info_span!("release", ladder = %ladder.spec.name, destination = %destination);
-            let (connection, ladder) = (connection.clone(), ladder.clone());
+            let (connection, ladder, me) = (connection.clone(), ladder.clone(), me.clone());
             tasks.spawn(
                 async move {
-                    if let Err(e) = drain(&connection, &ladder, &destination, kind, &token).await {
+                    let ended = match kind {
+                        DrainKind::Probe => probe(&connection, &ladder, &destination, &me, &token).await,
+                        _ => drain(&connection, &ladder, &destination, kind, &token).await,
+                    };
+                    if let Err(e) = ended {
                         debug!(error = %e, "a release ended; it starts again");
                         // a pause before it is started again
                         tokio::select! {
@@ -436,6 +425,188 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
         token.cancel();
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// One tick of the automatic hold on this replica: records the probe failures its intake saw,
+/// polls the breaker (which records new holds), and resumes a destination whose probe came
+/// through — the prober does, or anyone once a further probe period went by (the prober may
+/// be gone). A probe due for a whole period that nobody sent means no replica holds a message
+/// of the held queue (it is empty): a probe without a message is recorded, so it resumes.
+async fn auto_hold(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    holds: &Holds,
+    policy: &crate::model::holds::AutoHoldPolicy,
+    me: &str,
+) {
+    let failed = std::mem::take(
+        &mut *ladder
+            .probe_failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    for (destination, probe) in failed {
+        // a failure of the probe out now; repeats and older probes are not recorded
+        let current = holds
+            .get(&destination)
+            .and_then(|h| h.probing.as_ref())
+            .and_then(|p| p.probe.as_ref())
+            .is_some_and(|(at, _)| *at == probe);
+        if !current {
+            continue;
+        }
+        info!(ladder = %ladder.spec.name, destination = %destination, probe, "a probe failed; holding on");
+        let mut record = HoldRecord::new(&destination, HoldAction::ProbeFailed, me, "", now_ms());
+        record.of = Some(probe);
+        if let Err(e) = append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await {
+            // the hold then resumes too early, and trips again if it still fails
+            warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "cannot record a failed probe");
+        }
+    }
+    let actions = ladder
+        .breaker
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .poll(now_ms(), |d| holds.holds_back(d));
+    for BreakerAction::Hold {
+        destination,
+        why,
+        hold_ms,
+    } in actions
+    {
+        warn!(ladder = %ladder.spec.name, destination = %destination, why = %why, "holding a failing destination automatically");
+        let mut record = HoldRecord::new(&destination, HoldAction::Held, AUTO, &why, now_ms());
+        record.hold_ms = Some(hold_ms);
+        record.max_hold_ms = Some(policy.max_hold.as_millis() as u64);
+        if let Err(e) = record_hold(connection, &ladder.names, &ladder.spec, record).await {
+            warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic hold failed");
+        }
+    }
+    let now = now_ms();
+    for h in holds.all() {
+        match h.probe_step(now, policy.probe_every) {
+            ProbeStep::Resume { prober, overdue } if overdue || prober == me => {
+                info!(ladder = %ladder.spec.name, destination = %h.destination, "a probe came through; resuming automatically");
+                if let Err(e) = resume(connection, &ladder.names, &ladder.spec, &h.destination, AUTO, None).await {
+                    warn!(ladder = %ladder.spec.name, destination = %h.destination, error = %e, "the automatic resume failed");
+                }
+            }
+            ProbeStep::Probe { of, overdue: true }
+                if held_messages(connection, &ladder.names.held_queue(&h.destination)).await == Some(0) =>
+            {
+                debug!(ladder = %ladder.spec.name, destination = %h.destination, "nothing held to probe with");
+                let mut record = HoldRecord::new(&h.destination, HoldAction::Probed, me, "nothing held", now);
+                record.of = Some(of);
+                let _ = append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Waits on the held queue of an automatically held `destination` until `stop`. Only the single
+/// active consumer receives: it keeps the oldest message (unacked) and, when a probe is due,
+/// records it (`probed`, by `me`) and — once the stream shows its record won — releases that
+/// message marked `retry-probe: <id>`. If this replica dies, the message goes back to the
+/// queue and the next consumer becomes the prober.
+async fn probe(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+    me: &str,
+    stop: &CancellationToken,
+) -> Result<(), HoldError> {
+    let Some(policy) = ladder.spec.auto_hold else {
+        return Ok(());
+    };
+    let queue = ladder.names.held_queue(destination);
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    bounded("setting the prefetch", channel.basic_qos(1)).await?;
+    bounded("selecting confirms", channel.confirm_select()).await?;
+    let mut consumer = match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        channel.basic_consume(&queue, "", false, FieldTable::new()),
+    )
+    .await
+    {
+        Ok(Ok(consumer)) => consumer,
+        Ok(Err(e)) if e.reply_code() == Some(404) => return Ok(()),
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => return Err(HoldError::Declare("the broker did not answer".into())),
+    };
+    let result = 'consume: loop {
+        let delivery = tokio::select! {
+            () = stop.cancelled() => break Ok(()),
+            next = consumer.next() => match next {
+                Some(Ok(delivery)) => delivery,
+                Some(Err(e)) => break Err(e.into()),
+                None => break Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
+            },
+        };
+        // the prober now: wait for the probe's time, as the stream says
+        let mut claimed: Option<u64> = None;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => {
+                    let _ = channel.basic_nack(delivery.delivery_tag, false, true);
+                    break 'consume Ok(());
+                }
+                () = tokio::time::sleep(PROBE_TICK) => {}
+            }
+            let Some(hold) = ladder.holds.snapshot().get(destination).cloned() else {
+                continue;
+            };
+            let probe_out = hold.probing.as_ref().and_then(|p| p.probe.clone());
+            match (claimed, probe_out) {
+                (Some(at), Some((out, by))) if out == at && by == me => {
+                    let mut properties = delivery.properties.clone();
+                    properties
+                        .headers
+                        .get_or_insert_with(FieldTable::new)
+                        .set(protocol::header::RETRY_PROBE, FieldValue::LongLongInt(at as i64));
+                    ladder.metrics.holds.transition("probe");
+                    info!(ladder = %ladder.spec.name, destination, probe = at, "releasing one message as a probe");
+                    let _in_flight = crate::metrics::InFlight::enter(&ladder.metrics.hop(Hop::Due).in_flight);
+                    let delivered = release_one(ladder, &channel, destination, &delivery, &properties).await;
+                    match delivered {
+                        Ok(delivered) => {
+                            channel.basic_ack(delivery.delivery_tag, false)?;
+                            if delivered {
+                                ladder.metrics.holds.released_messages.inc();
+                            }
+                            continue 'consume;
+                        }
+                        Err(e) => break 'consume Err(e),
+                    }
+                }
+                // another prober's record won (a consumer that failed over): keep waiting
+                (Some(_), Some(_)) => claimed = None,
+                (Some(at), None) if now_ms().saturating_sub(at) > REQUEST_TIMEOUT.as_millis() as u64 => claimed = None,
+                (Some(_), None) => {}
+                (None, _) => match hold.probe_step(now_ms(), policy.probe_every) {
+                    ProbeStep::Probe { of, .. } => {
+                        let at = now_ms();
+                        let mut record = HoldRecord::new(destination, HoldAction::Probed, me, "", at);
+                        record.of = Some(of);
+                        if let Err(e) = append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await {
+                            let _ = channel.basic_nack(delivery.delivery_tag, false, true);
+                            break 'consume Err(e.into());
+                        }
+                        claimed = Some(at);
+                    }
+                    ProbeStep::Wait | ProbeStep::Resume { .. } if hold.state == HoldState::Held => {}
+                    // resumed (or released): the release takes over this message
+                    _ => {
+                        let _ = channel.basic_nack(delivery.delivery_tag, false, true);
+                        break 'consume Ok(());
+                    }
+                },
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "probed")).await;
+    result
 }
 
 /// Drains the held queue of `destination` as `kind` says, until `stop`.
@@ -514,7 +685,7 @@ async fn drain(
             }
             () = tokio::time::sleep(wait) => {}
         }
-        let delivered = match release_one(ladder, &channel, destination, &delivery).await {
+        let delivered = match release_one(ladder, &channel, destination, &delivery, &delivery.properties).await {
             Ok(delivered) => delivered,
             Err(e) => break Err(e),
         };
@@ -523,9 +694,6 @@ async fn drain(
             ladder.metrics.holds.released_messages.inc();
         }
         idle_since = Instant::now();
-        if kind == DrainKind::Probe {
-            break Ok(());
-        }
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "released")).await;
@@ -565,6 +733,7 @@ async fn release_one(
     channel: &ladder_amqp::Channel,
     destination: &str,
     delivery: &Delivery,
+    properties: &ladder_amqp::BasicProperties,
 ) -> Result<bool, HoldError> {
     if ladder.cancelled(&delivery.properties) {
         let park = protocol::cancelled_while_held(&delivery.properties, destination);
@@ -573,7 +742,7 @@ async fn release_one(
     }
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
-        let confirm = channel.basic_publish("", destination, true, &delivery.properties, &delivery.body)?;
+        let confirm = channel.basic_publish("", destination, true, properties, &delivery.body)?;
         match confirm.await? {
             Confirmation::Ack => {
                 ladder.metrics.delivered(Duration::ZERO);

@@ -36,8 +36,8 @@ use crate::clock::{now_ms, unique_id};
 use crate::metrics::{InFlight, LadderMetrics};
 use crate::model::backoff::Backoff;
 use crate::model::cancels::SharedCancellations;
-use crate::model::holds::{AutoHoldPolicy, Breaker, SharedHolds};
 use crate::model::envelope::{BODY_FORMAT, BodyRecord, Envelope, FORMAT, OriginalMessage};
+use crate::model::holds::{AutoHoldPolicy, Breaker, SharedHolds};
 use crate::model::ladder::LadderSpec;
 use crate::model::ladder::Limits;
 use crate::model::protocol::{
@@ -63,6 +63,10 @@ pub const BODY_INLINE_MAX: usize = 1024 * 1024;
 
 pub use crate::model::names::Hop;
 
+/// Probe failures queued for the hold stream at most: one probe is out per held destination at
+/// a time, so more are repeats of the same ones.
+const MAX_PENDING_PROBE_FAILURES: usize = 1_000;
+
 /// A ladder with everything its loops need, shared by its loops.
 #[derive(Debug)]
 pub struct LadderRuntime {
@@ -84,6 +88,9 @@ pub struct LadderRuntime {
     /// breaker (polled by `broker::holds::run_releaser` when `auto_hold` is on) and the busiest
     /// destinations of the web page.
     pub breaker: std::sync::Mutex<Breaker>,
+    /// Probes of the automatic hold this replica's intake saw come back failed, (destination,
+    /// probe id), until the releaser records them in the hold stream (within one tick).
+    pub probe_failures: std::sync::Mutex<Vec<(String, u64)>>,
 }
 
 impl LadderRuntime {
@@ -105,11 +112,32 @@ impl LadderRuntime {
             cancels: Arc::default(),
             holds: Arc::default(),
             breaker: std::sync::Mutex::new(Breaker::new(policy)),
+            probe_failures: std::sync::Mutex::default(),
         }
     }
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A message back at the intake failed at `destination`: counted by the breaker, and if it
+    /// is a probe of the automatic hold (`retry-probe`), queued for the hold stream.
+    fn failed_at(&self, destination: &str, props: &ladder_amqp::BasicProperties, now: u64) {
+        self.breaker().failed(destination, now);
+        if let Some(probe) = props
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(protocol::header::RETRY_PROBE))
+            .and_then(protocol::as_u64)
+        {
+            let mut pending = self
+                .probe_failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if pending.len() < MAX_PENDING_PROBE_FAILURES {
+                pending.push((destination.to_string(), probe));
+            }
+        }
     }
 
     /// Whether the message's id was cancelled.
@@ -361,7 +389,7 @@ async fn settle(
         Decision::Forward(forward) => {
             // a retry of a message the due hop delivered: a failure of its destination
             if hop == Hop::Intake && forward.attempt >= 2 {
-                ladder.breaker().failed(&forward.destination, now);
+                ladder.failed_at(&forward.destination, props, now);
             }
             Step::Schedule(forward)
         }
@@ -370,7 +398,7 @@ async fn settle(
                 && park.reason == ParkReason::MaxAttempts
                 && let Some(destination) = &park.destination
             {
-                ladder.breaker().failed(destination, now);
+                ladder.failed_at(destination, props, now);
             }
             Step::Park(park)
         }
@@ -436,7 +464,10 @@ async fn settle(
                 return Ok(());
             }
             (Step::Park(_), Confirmation::Ack) => return Ok(()),
-            (Step::Schedule(forward) | Step::Deliver(forward, _) | Step::Hold(forward), Confirmation::Returned(returned)) => {
+            (
+                Step::Schedule(forward) | Step::Deliver(forward, _) | Step::Hold(forward),
+                Confirmation::Returned(returned),
+            ) => {
                 metrics.returned.inc();
                 Step::Park(protocol::no_route(
                     hop,

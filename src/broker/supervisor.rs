@@ -292,7 +292,10 @@ async fn session(
         );
     }
     let caught_up = async {
-        while !ladders.iter().filter(|l| l.spec.exact_delays).all(|l| l.cancels.caught_up())
+        while !ladders
+            .iter()
+            .filter(|l| l.spec.exact_delays)
+            .all(|l| l.cancels.caught_up())
             || !ladders.iter().all(|l| l.holds.caught_up())
         {
             tokio::time::sleep(CANCELS_POLL).await;

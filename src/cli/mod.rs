@@ -11,17 +11,17 @@ use ladder::config::Config;
 pub mod demo;
 pub mod dev_broker;
 pub mod docs;
+pub mod holds;
 pub mod log;
 pub mod parked;
 pub mod probe;
 pub mod scheduled;
-pub mod holds;
 pub mod serve;
 
 pub use demo::DemoArgs;
+pub use holds::{HoldArgs, HoldsArgs, ResumeArgs};
 pub use parked::ParkedArgs;
 pub use scheduled::ScheduledArgs;
-pub use holds::{HoldArgs, HoldsArgs, ResumeArgs};
 
 /// The config file when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "ladder.toml";
@@ -137,7 +137,10 @@ pub fn check(config: &Config) -> ExitCode {
                 levels.len(),
                 first.name,
                 last.name,
-                ladder.jitter.map(|j| format!(", jitter {}%", f64::from(j.permille) / 10.0)).unwrap_or_default(),
+                ladder
+                    .jitter
+                    .map(|j| format!(", jitter {}%", f64::from(j.permille) / 10.0))
+                    .unwrap_or_default(),
                 if ladder.allow_exchanges.is_empty() {
                     String::new()
                 } else {

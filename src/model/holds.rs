@@ -49,6 +49,13 @@ pub enum HoldAction {
     /// The release named by `of` (the resume's `at_ms`) found the held queue empty: due
     /// messages flow straight to the destination again.
     Released,
+    /// The automatic hold's prober (the replica whose held-queue consumer is the single active
+    /// one, named in `by`) releases one message as a probe, marked `retry-probe: <at_ms>`; `of`
+    /// names the hold (its `at_ms`).
+    Probed,
+    /// A replica's intake saw the probe named by `of` come back failed: the hold starts over,
+    /// twice as long.
+    ProbeFailed,
 }
 
 impl HoldAction {
@@ -58,6 +65,8 @@ impl HoldAction {
             HoldAction::Held => "held",
             HoldAction::Resumed => "resumed",
             HoldAction::Released => "released",
+            HoldAction::Probed => "probed",
+            HoldAction::ProbeFailed => "probe_failed",
         }
     }
 }
@@ -81,9 +90,16 @@ pub struct HoldRecord {
     /// Resume: the release rate (`10/s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<String>,
-    /// Released: the `at_ms` of the resume whose release ended.
+    /// Released: the `at_ms` of the resume whose release ended. Probed: the hold's `at_ms`.
+    /// ProbeFailed: the probe's `at_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub of: Option<u64>,
+    /// An automatic hold: how long before its first probe, in ms (doubled by each failed probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_ms: Option<u64>,
+    /// An automatic hold: the longest wait between probes, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hold_ms: Option<u64>,
 }
 
 impl HoldRecord {
@@ -98,6 +114,8 @@ impl HoldRecord {
             at_ms,
             rate: None,
             of: None,
+            hold_ms: None,
+            max_hold_ms: None,
         }
     }
 
@@ -162,6 +180,46 @@ pub struct DestinationHold {
     pub held_since_ms: u64,
     /// When the last transition happened.
     pub changed_at_ms: u64,
+    /// An automatic hold's half-open state, the same on every replica (it is read from the
+    /// stream, never counted locally).
+    pub probing: Option<Probing>,
+}
+
+/// The half-open state of an automatic hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probing {
+    /// The wait before the next probe (ms), doubled by each failed probe.
+    pub hold_ms: u64,
+    /// The longest wait (ms).
+    pub max_hold_ms: u64,
+    /// No probe before this (ms since the epoch).
+    pub next_probe_ms: u64,
+    /// The probe out (its `at_ms`, the value of its `retry-probe` header) and its prober.
+    pub probe: Option<(u64, String)>,
+    /// Probes that failed during this hold.
+    pub failures: u32,
+}
+
+/// What the automatic hold of one destination wants now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeStep {
+    /// Nothing yet.
+    Wait,
+    /// Time for a probe of the hold `of`.
+    Probe {
+        /// The hold's `at_ms`.
+        of: u64,
+        /// No one probed for a whole probe period after it was due (no prober holds a
+        /// message: the held queue may be empty).
+        overdue: bool,
+    },
+    /// The probe (sent by `prober`) had no failure back within a probe period: resume.
+    Resume {
+        /// The replica that sent the probe.
+        prober: String,
+        /// A probe period more went by (the prober may be gone).
+        overdue: bool,
+    },
 }
 
 impl DestinationHold {
@@ -173,6 +231,26 @@ impl DestinationHold {
     /// Whether an automatic hold holds it.
     pub fn auto(&self) -> bool {
         self.by == AUTO
+    }
+
+    /// What the automatic hold wants at `now_ms`; nothing unless automatically held.
+    pub fn probe_step(&self, now_ms: u64, probe_every: Duration) -> ProbeStep {
+        let (HoldState::Held, Some(p)) = (self.state, &self.probing) else {
+            return ProbeStep::Wait;
+        };
+        let every = duration_ms(probe_every);
+        match &p.probe {
+            Some((at, prober)) if now_ms >= at.saturating_add(every) => ProbeStep::Resume {
+                prober: prober.clone(),
+                overdue: now_ms >= at.saturating_add(every.saturating_mul(2)),
+            },
+            Some(_) => ProbeStep::Wait,
+            None if now_ms >= p.next_probe_ms => ProbeStep::Probe {
+                of: self.held_since_ms,
+                overdue: now_ms >= p.next_probe_ms.saturating_add(every),
+            },
+            None => ProbeStep::Wait,
+        }
     }
 
     /// The state's word: `held`, `releasing`, `free`.
@@ -206,7 +284,48 @@ impl Holds {
                 why: record.why.clone(),
                 held_since_ms: record.at_ms,
                 changed_at_ms: record.at_ms,
+                probing: (record.by == AUTO).then(|| {
+                    let hold_ms = record.hold_ms.unwrap_or(0);
+                    Probing {
+                        hold_ms,
+                        max_hold_ms: record.max_hold_ms.unwrap_or(hold_ms).max(hold_ms),
+                        next_probe_ms: record.at_ms.saturating_add(hold_ms),
+                        probe: None,
+                        failures: 0,
+                    }
+                }),
             },
+            (HoldAction::Probed, Some(HoldState::Held)) => {
+                let current = current.expect("matched Some");
+                match &current.probing {
+                    Some(p) if p.probe.is_none() && record.of == Some(current.held_since_ms) => {
+                        let mut next = current.clone();
+                        if let Some(p) = &mut next.probing {
+                            p.probe = Some((record.at_ms, record.by.clone()));
+                        }
+                        next
+                    }
+                    // a second prober lost the race, or a probe of an earlier hold
+                    _ => return false,
+                }
+            }
+            (HoldAction::ProbeFailed, Some(HoldState::Held)) => {
+                let current = current.expect("matched Some");
+                match &current.probing {
+                    Some(p) if p.probe.as_ref().map(|(at, _)| *at) == record.of && record.of.is_some() => {
+                        let mut next = current.clone();
+                        if let Some(p) = &mut next.probing {
+                            p.failures = p.failures.saturating_add(1);
+                            p.probe = None;
+                            let wait = p.hold_ms.saturating_mul(1u64 << p.failures.min(32)).min(p.max_hold_ms);
+                            p.next_probe_ms = record.at_ms.saturating_add(wait);
+                        }
+                        next
+                    }
+                    // a failure of an older probe (counted already) or of none
+                    _ => return false,
+                }
+            }
             (HoldAction::Resumed, Some(HoldState::Held)) => {
                 let current = current.expect("matched Some");
                 DestinationHold {
@@ -217,6 +336,7 @@ impl Holds {
                     by: record.by.clone(),
                     why: record.why.clone(),
                     changed_at_ms: record.at_ms,
+                    probing: None,
                     ..current.clone()
                 }
             }
@@ -398,19 +518,11 @@ impl Window {
     }
 }
 
-/// Where the breaker of one destination stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    /// Counting.
-    Closed,
-    /// Auto-held until `until_ms`; then a probe. `probe_at_ms`: the probe in flight.
-    Open { until_ms: u64, probe_at_ms: Option<u64> },
-}
-
 #[derive(Debug, Clone)]
 struct Watch {
     window: Window,
-    phase: Phase,
+    /// Held (by anyone) at the last poll.
+    held: bool,
     /// Trips without a resume that lasted: each doubles the minimum hold.
     trips: u32,
     /// When it was last resumed (a resume that lasts [`AutoHoldPolicy::max_hold`] forgets the trips).
@@ -421,28 +533,21 @@ struct Watch {
 /// What the breaker wants done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BreakerAction {
-    /// Hold it (record by [`AUTO`], with this reason).
+    /// Hold it (record by [`AUTO`], with this reason and first wait before a probe).
     Hold {
         /// The destination.
         destination: String,
         /// Why, for the record.
         why: String,
-    },
-    /// Release one message from its held queue as a probe.
-    Probe {
-        /// The destination.
-        destination: String,
-    },
-    /// Resume it (by [`AUTO`]): the probe came through.
-    Resume {
-        /// The destination.
-        destination: String,
+        /// The minimum hold (ms) before the first probe: the window, doubled per trip in a row.
+        hold_ms: u64,
     },
 }
 
-/// The automatic hold of one ladder, as one replica sees it: every destination's window, and
-/// the half-open probing of the ones it holds. Fed by the due hop (deliveries) and the intake
-/// (failures: messages back for the destination with `retry-attempt` ≥ 1).
+/// The tripping half of the automatic hold, as one replica sees it: every destination's window
+/// of deliveries (the due hop) and failures (the intake: messages back for the destination).
+/// What happens once held — probes, their failures, the resume — is the same on every replica:
+/// it is read from the stream ([`DestinationHold::probe_step`]), never counted here.
 #[derive(Debug, Clone)]
 pub struct Breaker {
     policy: AutoHoldPolicy,
@@ -474,7 +579,7 @@ impl Breaker {
             let stalest = self
                 .watched
                 .iter()
-                .filter(|(_, w)| w.phase == Phase::Closed)
+                .filter(|(_, w)| !w.held)
                 .min_by_key(|(_, w)| w.seen_ms)
                 .map(|(d, _)| d.clone());
             if let Some(stalest) = stalest {
@@ -483,7 +588,7 @@ impl Breaker {
         }
         let w = self.watched.entry(destination.to_string()).or_insert_with(|| Watch {
             window: Window::default(),
-            phase: Phase::Closed,
+            held: false,
             trips: 0,
             closed_at_ms: now_ms,
             seen_ms: now_ms,
@@ -498,91 +603,48 @@ impl Breaker {
         self.watch(destination, now_ms).window.delivered(window, now_ms);
     }
 
-    /// A message delivered to `destination` came back failed. While a probe is out, that is the
-    /// probe failing: the hold starts again, twice as long.
+    /// A message delivered to `destination` came back failed.
     pub fn failed(&mut self, destination: &str, now_ms: u64) {
-        let policy = self.policy;
-        let w = self.watch(destination, now_ms);
-        w.window.failed(policy.window, now_ms);
-        if let Phase::Open {
-            probe_at_ms: Some(_), ..
-        } = w.phase
-        {
-            w.trips = w.trips.saturating_add(1);
-            w.phase = Phase::Open {
-                until_ms: now_ms + min_hold(&policy, w.trips),
-                probe_at_ms: None,
-            };
-        }
+        let window = self.policy.window;
+        self.watch(destination, now_ms).window.failed(window, now_ms);
     }
 
-    /// What to do at `now_ms`. `hold_of` says how a destination is held now (from the stream):
-    /// `None` free, `Some(true)` held by the automatic hold, `Some(false)` by an operator (never
-    /// probed or resumed automatically).
-    pub fn poll(&mut self, now_ms: u64, hold_of: impl Fn(&str) -> Option<bool>) -> Vec<BreakerAction> {
+    /// What to do at `now_ms`. `held` says whether a destination is held (or releasing) now,
+    /// by anyone (from the stream): a held destination is not counted.
+    pub fn poll(&mut self, now_ms: u64, held: impl Fn(&str) -> bool) -> Vec<BreakerAction> {
         let policy = self.policy;
         let mut actions = Vec::new();
         for (destination, w) in &mut self.watched {
-            let held = hold_of(destination);
-            match (w.phase, held) {
-                (Phase::Closed, None) => {
-                    if now_ms.saturating_sub(w.closed_at_ms) >= duration_ms(policy.max_hold) {
-                        w.trips = 0;
-                    }
-                    let (delivered, failed) = w.window.totals(policy.window, now_ms);
-                    if delivered >= u64::from(policy.min_deliveries)
-                        && delivered > 0
-                        && failed * 1000 >= u64::from(policy.failure_permille) * delivered
-                    {
-                        w.trips = w.trips.saturating_add(1);
-                        w.phase = Phase::Open {
-                            until_ms: now_ms + min_hold(&policy, w.trips),
-                            probe_at_ms: None,
-                        };
-                        w.window.clear();
-                        actions.push(BreakerAction::Hold {
-                            destination: destination.clone(),
-                            why: format!(
-                                "{failed} of {delivered} deliveries failed within {}",
-                                humantime::format_duration(policy.window)
-                            ),
-                        });
-                    }
-                }
-                // held automatically by another replica (or before a restart): probe it too
-                (Phase::Closed, Some(true)) => {
-                    w.phase = Phase::Open {
-                        until_ms: now_ms + min_hold(&policy, w.trips.max(1)),
-                        probe_at_ms: None,
-                    };
-                }
-                (Phase::Open { until_ms, probe_at_ms }, Some(true)) => match probe_at_ms {
-                    None if now_ms >= until_ms => {
-                        w.phase = Phase::Open {
-                            until_ms,
-                            probe_at_ms: Some(now_ms),
-                        };
-                        actions.push(BreakerAction::Probe {
-                            destination: destination.clone(),
-                        });
-                    }
-                    Some(at) if now_ms.saturating_sub(at) >= duration_ms(policy.probe_every) => {
-                        w.phase = Phase::Closed;
-                        w.closed_at_ms = now_ms;
-                        w.window.clear();
-                        actions.push(BreakerAction::Resume {
-                            destination: destination.clone(),
-                        });
-                    }
-                    _ => {}
-                },
-                // resumed or held by an operator meanwhile: the operator decides
-                (Phase::Open { .. }, None | Some(false)) => {
-                    w.phase = Phase::Closed;
-                    w.closed_at_ms = now_ms;
-                    w.window.clear();
-                }
-                (Phase::Closed, Some(false)) => w.window.clear(),
+            if held(destination) {
+                w.held = true;
+                w.window.clear();
+                continue;
+            }
+            if w.held {
+                w.held = false;
+                w.closed_at_ms = now_ms;
+                w.window.clear();
+            }
+            if now_ms.saturating_sub(w.closed_at_ms) >= duration_ms(policy.max_hold) {
+                w.trips = 0;
+            }
+            let (delivered, failed) = w.window.totals(policy.window, now_ms);
+            if delivered >= u64::from(policy.min_deliveries)
+                && delivered > 0
+                && failed * 1000 >= u64::from(policy.failure_permille) * delivered
+            {
+                w.trips = w.trips.saturating_add(1);
+                // until the stream says it is held: counting starts over when it is resumed
+                w.held = true;
+                w.window.clear();
+                actions.push(BreakerAction::Hold {
+                    destination: destination.clone(),
+                    why: format!(
+                        "{failed} of {delivered} deliveries failed within {}",
+                        humantime::format_duration(policy.window)
+                    ),
+                    hold_ms: min_hold(&policy, w.trips),
+                });
             }
         }
         actions
@@ -750,7 +812,7 @@ mod tests {
 
     #[test]
     fn the_breaker_trips_at_the_threshold_and_not_below() {
-        let free = |_: &str| None;
+        let free = |_: &str| false;
         let mut b = Breaker::new(policy());
         // 49 deliveries all failing: too few to judge
         for i in 0..49 {
@@ -770,57 +832,103 @@ mod tests {
         c.failed("orders", 100); // 45 of 50 = 90 %
         let actions = c.poll(101, free);
         assert!(
-            matches!(&actions[..], [BreakerAction::Hold { destination, why }] if destination == "orders" && why.contains("45 of 50")),
+            matches!(&actions[..], [BreakerAction::Hold { destination, why, hold_ms: 60_000 }] if destination == "orders" && why.contains("45 of 50")),
             "{actions:?}"
         );
         // a healthy neighbour is not touched
         for i in 0..100 {
             c.delivered("billing", i);
         }
-        assert!(c.poll(102, |d| (d == "orders").then_some(true)).is_empty());
+        assert!(c.poll(102, |d| d == "orders").is_empty());
+    }
+
+    fn auto_hold(at: u64, hold_ms: u64) -> HoldRecord {
+        let mut r = HoldRecord::new("orders", HoldAction::Held, AUTO, "failing", at);
+        r.hold_ms = Some(hold_ms);
+        r.max_hold_ms = Some(600_000);
+        r
+    }
+
+    fn probe_record(action: HoldAction, by: &str, at: u64, of: u64) -> HoldRecord {
+        let mut r = HoldRecord::new("orders", action, by, "", at);
+        r.of = Some(of);
+        r
     }
 
     #[test]
-    fn half_open_probes_resume_on_success_and_damp_on_failure() {
-        let auto = |d: &str| (d == "orders").then_some(true);
+    fn half_open_is_read_from_the_stream_one_probe_at_a_time_damped_on_failure() {
+        let every = Duration::from_secs(10);
+        let mut holds = Holds::default();
+        holds.apply(&auto_hold(1_000, 60_000), rate());
+        let step = |h: &Holds, now| h.get("orders").unwrap().probe_step(now, every);
+        assert_eq!(step(&holds, 60_999), ProbeStep::Wait, "held for its minimum first");
+        assert_eq!(
+            step(&holds, 61_000),
+            ProbeStep::Probe {
+                of: 1_000,
+                overdue: false
+            }
+        );
+        // two probers race: the first record wins, the second is ignored
+        assert!(holds.apply(&probe_record(HoldAction::Probed, "a", 61_000, 1_000), rate()));
+        assert!(!holds.apply(&probe_record(HoldAction::Probed, "b", 61_001, 1_000), rate()));
+        // a probe of an earlier hold changes nothing
+        assert!(!holds.apply(&probe_record(HoldAction::ProbeFailed, "x", 61_500, 999), rate()));
+        assert_eq!(step(&holds, 70_999), ProbeStep::Wait);
+        // it fails (seen by any replica): held again, twice as long
+        assert!(holds.apply(&probe_record(HoldAction::ProbeFailed, "b", 62_000, 61_000), rate()));
+        assert!(
+            !holds.apply(&probe_record(HoldAction::ProbeFailed, "a", 62_001, 61_000), rate()),
+            "once"
+        );
+        assert_eq!(step(&holds, 62_000 + 119_999), ProbeStep::Wait);
+        assert!(matches!(step(&holds, 182_000), ProbeStep::Probe { .. }));
+        assert!(matches!(step(&holds, 192_000), ProbeStep::Probe { overdue: true, .. }));
+        holds.apply(&probe_record(HoldAction::Probed, "b", 182_000, 1_000), rate());
+        // no failure back within a probe period: resume, by the prober (anyone, later)
+        assert_eq!(step(&holds, 191_999), ProbeStep::Wait);
+        assert_eq!(
+            step(&holds, 192_000),
+            ProbeStep::Resume {
+                prober: "b".into(),
+                overdue: false
+            }
+        );
+        assert!(matches!(step(&holds, 202_000), ProbeStep::Resume { overdue: true, .. }));
+        let mut resume = HoldRecord::new("orders", HoldAction::Resumed, AUTO, "", 192_000);
+        resume.rate = Some("10/s".into());
+        holds.apply(&resume, rate());
+        assert_eq!(step(&holds, 300_000), ProbeStep::Wait, "released: nothing to probe");
+        // the waits are capped
+        let mut h = Holds::default();
+        h.apply(&auto_hold(0, 400_000), rate());
+        h.apply(&probe_record(HoldAction::Probed, "a", 400_000, 0), rate());
+        h.apply(&probe_record(HoldAction::ProbeFailed, "a", 401_000, 400_000), rate());
+        assert_eq!(
+            h.get("orders").unwrap().probing.as_ref().unwrap().next_probe_ms,
+            1_001_000
+        );
+    }
+
+    #[test]
+    fn the_breaker_damps_trips_in_a_row() {
         let mut b = Breaker::new(policy());
         let trip = |b: &mut Breaker, at: u64| {
             for i in 0..50 {
                 b.delivered("orders", at + i);
                 b.failed("orders", at + i);
             }
-            b.poll(at + 50, |_| None)
+            b.poll(at + 50, |_| false)
         };
-        assert_eq!(trip(&mut b, 0).len(), 1);
-        // held for at least the window: no probe before
-        assert!(b.poll(60_000, auto).is_empty());
-        assert_eq!(
-            b.poll(60_050, auto),
-            [BreakerAction::Probe {
-                destination: "orders".into()
-            }]
-        );
-        // the probe fails: held again, now for twice the window
-        b.failed("orders", 61_000);
-        assert!(b.poll(61_000 + 119_999, auto).is_empty());
-        assert_eq!(
-            b.poll(61_000 + 120_000, auto),
-            [BreakerAction::Probe {
-                destination: "orders".into()
-            }]
-        );
-        // this probe comes through: resumed one probe period later
-        assert!(b.poll(181_000 + 9_999, auto).is_empty());
-        assert_eq!(
-            b.poll(181_000 + 10_000, auto),
-            [BreakerAction::Resume {
-                destination: "orders".into()
-            }]
-        );
-        // tripping again right after doubles again (third trip: 4 × window)
-        assert_eq!(trip(&mut b, 200_000).len(), 1);
-        assert!(b.poll(200_050 + 239_999, auto).is_empty());
-        assert_eq!(b.poll(200_050 + 240_000, auto).len(), 1);
+        let hold_ms = |a: Vec<BreakerAction>| match &a[..] {
+            [BreakerAction::Hold { hold_ms, .. }] => *hold_ms,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(hold_ms(trip(&mut b, 0)), 60_000);
+        // held, then resumed, then tripping again soon: twice as long
+        assert!(b.poll(100, |_| true).is_empty());
+        assert!(b.poll(150_000, |_| false).is_empty(), "resumed");
+        assert_eq!(hold_ms(trip(&mut b, 200_000)), 120_000);
     }
 
     #[test]
@@ -831,7 +939,7 @@ mod tests {
         assert_eq!(min_hold(&p, 30), 600_000);
         let mut b = Breaker::new(p);
         b.trips_for_test("orders", 5, 0);
-        b.poll(600_000, |_| None);
+        b.poll(600_000, |_| false);
         assert_eq!(b.watched["orders"].trips, 0);
     }
 
@@ -842,8 +950,18 @@ mod tests {
             b.delivered("orders", i);
             b.failed("orders", i);
         }
-        assert!(b.poll(100, |_| Some(false)).is_empty());
-        assert!(b.poll(1_000_000, |_| Some(false)).is_empty());
+        assert!(b.poll(100, |_| true).is_empty());
+        assert!(b.poll(1_000_000, |_| true).is_empty());
+        // an operator's hold has no half-open state
+        let mut holds = Holds::default();
+        holds.apply(&HoldRecord::new("orders", HoldAction::Held, "alice", "", 0), rate());
+        assert_eq!(
+            holds
+                .get("orders")
+                .unwrap()
+                .probe_step(10_000_000, Duration::from_secs(1)),
+            ProbeStep::Wait
+        );
     }
 
     impl Breaker {

@@ -57,9 +57,9 @@ impl Names {
         if name.len() <= MAX_HELD_NAME_BYTES {
             return name;
         }
-        let hash = destination
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let hash = destination.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
         let mut keep = MAX_HELD_NAME_BYTES - 17 - (name.len() - destination.len());
         while !destination.is_char_boundary(keep) {
             keep -= 1;

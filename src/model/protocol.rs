@@ -28,6 +28,9 @@ pub mod header {
     pub const RETRY_ATTEMPT: &str = "retry-attempt";
     /// Ms since the epoch of the first failure (ladder).
     pub const RETRY_FIRST_FAILED_AT: &str = "retry-first-failed-at";
+    /// Set on a probe of the automatic hold: the probe's id, ms since the epoch (ladder). A
+    /// message back at the intake with it is that probe failing.
+    pub const RETRY_PROBE: &str = "retry-probe";
     /// The ladder that scheduled it (ladder).
     pub const RETRY_LADDER: &str = "retry-ladder";
     /// The tier it waited in (ladder).

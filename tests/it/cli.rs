@@ -95,7 +95,10 @@ async fn check_summarises_the_delay_levels_of_a_ladder_with_exact_delays() {
     let out = ladder(&path, &["check"], &[]).await;
     assert_exit(&out, 0);
     let text = stdout(&out);
-    assert!(text.contains("default: tiers [200ms, 500ms], max_attempts 2"), "the steps: {text}");
+    assert!(
+        text.contains("default: tiers [200ms, 500ms], max_attempts 2"),
+        "the steps: {text}"
+    );
     assert!(
         text.contains("exact delays: 28 delay levels 16ms … 596h31m23s648ms, jitter 10%, exchanges [^events$]"),
         "{text}"

@@ -728,21 +728,54 @@ async fn every_answer_of_the_admin_api_matches_its_openapi_description() {
     let holds = format!("/api/ladders/{l}/holds");
     let resume = format!("{holds}/resume");
     t.track_queue(&ladder::model::names::Names::new(&t.ns, &l).held_queue(&queue));
-    let (status, _, _) = c.call(Call::post(holds_t, holds.clone(), json!({"destination": queue, "why": "w"}), Some(ALICE))).await;
+    let (status, _, _) = c
+        .call(Call::post(
+            holds_t,
+            holds.clone(),
+            json!({"destination": queue, "why": "w"}),
+            Some(ALICE),
+        ))
+        .await;
     assert_eq!(status, 200);
     c.call(Call::get(holds_t, holds.clone())).await;
     c.call(Call::get(holds_t, "/api/ladders/nope/holds")).await;
-    let (status, _, _) = c.call(Call::post(resume_t, resume.clone(), json!({"destination": queue, "rate": "50/s"}), Some(ALICE))).await;
+    let (status, _, _) = c
+        .call(Call::post(
+            resume_t,
+            resume.clone(),
+            json!({"destination": queue, "rate": "50/s"}),
+            Some(ALICE),
+        ))
+        .await;
     assert_eq!(status, 200);
-    c.call(Call::post(resume_t, resume.clone(), json!({"destination": "never-held"}), Some(ALICE))).await;
+    c.call(Call::post(
+        resume_t,
+        resume.clone(),
+        json!({"destination": "never-held"}),
+        Some(ALICE),
+    ))
+    .await;
     for (template, target, body) in [
         (holds_t, holds.clone(), json!({"destination": queue})),
         (resume_t, resume.clone(), json!({"destination": queue})),
     ] {
         c.call(Call::post(template, target.clone(), body.clone(), None)).await;
-        c.call(Call::post(template, target.clone(), body.clone(), Some("not-a-token-at-all-1234"))).await;
-        c.call(Call::post(template, target.clone(), json!({"nothing": 1}), Some(ALICE))).await;
-        c.call(Call::post(template, target.replace(&format!("/{l}/"), "/nope/"), body.clone(), Some(ALICE))).await;
+        c.call(Call::post(
+            template,
+            target.clone(),
+            body.clone(),
+            Some("not-a-token-at-all-1234"),
+        ))
+        .await;
+        c.call(Call::post(template, target.clone(), json!({"nothing": 1}), Some(ALICE)))
+            .await;
+        c.call(Call::post(
+            template,
+            target.replace(&format!("/{l}/"), "/nope/"),
+            body.clone(),
+            Some(ALICE),
+        ))
+        .await;
         let mut unsupported = Call::post(template, target.clone(), json!(null), Some(ALICE));
         unsupported.body = Some(Body::Raw("text/plain", body.to_string().into_bytes()));
         c.call(unsupported).await;
@@ -750,7 +783,13 @@ async fn every_answer_of_the_admin_api_matches_its_openapi_description() {
         too_large.body = Some(Body::Raw("application/json", vec![b' '; 300 * 1024]));
         c.call(too_large).await;
     }
-    c.call(Call::post(holds_t, holds.clone(), json!({"destination": format!("{queue}-missing")}), Some(ALICE))).await;
+    c.call(Call::post(
+        holds_t,
+        holds.clone(),
+        json!({"destination": format!("{queue}-missing")}),
+        Some(ALICE),
+    ))
+    .await;
 
     let unseen = c.unseen();
     assert!(unseen.is_empty(), "documented but never answered: {unseen:#?}");
