@@ -2,7 +2,8 @@
 //! flows on time; a resume releases everything at no more than the rate, oldest first, none
 //! lost, none parked, then the destination flows normally again; two replicas agree and a
 //! restart keeps the hold; a missing or disallowed destination is refused (CLI 64, API 400/404);
-//! the automatic hold trips on a consumer that fails everything and recovers when it heals.
+//! the automatic hold trips on a consumer that fails everything and recovers when it heals, and
+//! with two replicas probes once at its pace and resumes only after the consumer heals.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -498,6 +499,112 @@ async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals()
         .unwrap_or(0);
     assert!(probes >= 1, "a probe went out before the resume:\n{metrics}");
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
+
+/// The `probe` transitions (probes this process released) in a metrics text.
+fn probes_released(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ladder_hold_transitions_total{ladder=\"default\",kind=\"probe\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Two replicas share the half-open state: each probe goes out once (from the held queue's
+/// single active consumer), a probe's failure is seen whichever replica's intake takes it, so
+/// neither resumes while the consumer still fails; once it heals, both resume and every message
+/// arrives exactly once after the healing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_probe_once_at_the_pace_and_resume_only_after_the_consumer_heals() {
+    let mut t = TestLadder::start("holdauto2", AUTO).await;
+    let replica = Replica::start(&t).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let mut consumer = t.consume(&orders).await;
+    let n = 30;
+    for i in 0..n {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}")))
+            .await;
+    }
+    let here = t.state.ladder("default").unwrap();
+    let there = replica.2.ladder("default").unwrap();
+    let held_anywhere = || here.holds.holds_back(&orders) || there.holds.holds_back(&orders);
+    let held_everywhere = || here.holds.holds_back(&orders) && there.holds.holds_back(&orders);
+    // the consumer fails everything (probes too) for FAILING after the trip
+    const FAILING: Duration = Duration::from_secs(9);
+    let started = Instant::now();
+    let mut tripped: Option<Instant> = None;
+    // probe id -> when it arrived, how often
+    let mut probes: HashMap<u64, (Instant, usize)> = HashMap::new();
+    let mut resumed_while_failing = false;
+    while tripped.is_none_or(|at| at.elapsed() < FAILING) {
+        assert!(started.elapsed() < WAIT * 2, "the automatic hold did not trip");
+        if tripped.is_none() && held_everywhere() {
+            tripped = Some(Instant::now());
+        }
+        // let a failed probe's record reach the stream before judging
+        if let Some(at) = tripped
+            && at.elapsed() > Duration::from_millis(500)
+            && !held_anywhere()
+        {
+            resumed_while_failing = true;
+        }
+        if let Some(d) = next_within(&mut consumer, Duration::from_millis(50)).await {
+            if let Some(id) = headers_of(&d)
+                .get("retry-probe")
+                .and_then(ladder::model::protocol::as_u64)
+            {
+                probes.entry(id).or_insert((Instant::now(), 0)).1 += 1;
+            }
+            let props = republish_props(&d, &[]);
+            t.publish(&t.intake(), "", &d.body, props).await;
+            consumer.ack(&d);
+        }
+    }
+    let tripped = tripped.unwrap();
+    let mut at: Vec<(u64, Instant, usize)> = probes.iter().map(|(id, (when, k))| (*id, *when, *k)).collect();
+    at.sort_by_key(|p| p.1);
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1].1 - w[0].1).collect();
+    eprintln!(
+        "probes while failing: {} at {:?} after the trip; gaps {gaps:?}",
+        at.len(),
+        at.iter().map(|p| p.1 - tripped).collect::<Vec<_>>()
+    );
+    assert!(!resumed_while_failing, "resumed while the consumer still failed");
+    assert!(at.iter().all(|p| p.2 == 1), "each probe delivered once: {at:?}");
+    // min hold 2 s, doubled by each failed probe (cap 8 s): probes at about 2, 6 s after the
+    // trip. Doubled probes (one per replica) would come in pairs, milliseconds apart
+    assert!(
+        (1..=3).contains(&at.len()),
+        "probes at the configured pace, not one per replica: {at:?}"
+    );
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(1_500)),
+        "probes paced by the hold: {gaps:?}"
+    );
+    let released = probes_released(&t.state.metrics.encode()) + probes_released(&replica.2.metrics.encode());
+    assert_eq!(released, at.len() as u64, "each probe released by one replica");
+
+    // healed: every message arrives exactly once from now on, none is parked
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let healed = Instant::now();
+    let deadline = healed + WAIT * 3;
+    while Instant::now() < deadline && (seen.len() < n || held_anywhere()) {
+        if let Some(d) = next_within(&mut consumer, Duration::from_millis(200)).await {
+            *seen.entry(message_id(&d).to_string()).or_default() += 1;
+            consumer.ack(&d);
+        }
+    }
+    eprintln!("recovered {:?} after healing", healed.elapsed());
+    assert_eq!(seen.len(), n, "every message delivered after healing: {seen:?}");
+    assert!(!held_anywhere(), "both replicas resumed");
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(1)).await.is_none(),
+        "nothing more"
+    );
+    assert!(seen.values().all(|k| *k == 1), "none twice after healing: {seen:?}");
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    drop(replica);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
