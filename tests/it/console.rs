@@ -303,3 +303,90 @@ async fn an_operator_edits_a_parked_message_and_replays_it_in_the_browser() {
     admin.stop().await;
     t.stop_service().await;
 }
+
+/// Holds and resumes through the Destinations page: a wrong token is refused (403, nothing
+/// held), the held destination is listed with who and why and how many it holds, and the
+/// resume releases every held message to its queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_holds_and_resumes_a_destination_on_its_page() {
+    const LADDER: &str = "backoff = [\"200ms\"]\nmax_attempts = 1000\nallow = [\"^{ns}-\"]\nrelease_rate = \"50/s\"";
+    let mut t = TestLadder::configure_with("console-holds", &admin_with_token(), LADDER).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&ladder::model::names::Names::new(&t.ns, &t.ladder).held_queue(&orders));
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let browser = Browser::start().await;
+    step("the laptop's window", browser.client.set_window_size(WIDTH, HEIGHT)).await;
+    let page = admin.url("/ladders/default/destinations");
+    browser.goto(&page).await;
+    browser.find("#no-holds").await;
+
+    // a wrong token is refused, and nothing is held
+    let fill = async |token: &str| {
+        let form = "#hold";
+        for (field, value) in [("destination", orders.as_str()), ("why", "orders-db failover"), ("token", token)] {
+            let input = browser.find(&format!("{form} input[name={field}]")).await;
+            step(&format!("type the {field}"), input.send_keys(value)).await;
+        }
+        let submit = browser.find(&format!("{form} button[type=submit]")).await;
+        browser.click_and_load("hold it", &submit).await;
+    };
+    fill("not-the-token-at-all-0000").await;
+    assert_eq!(browser.status().await, 403);
+    assert!(browser.text("#outcome").await.starts_with("Not done"));
+    let runtime = t.state.ladder("default").unwrap();
+    assert!(!runtime.holds.holds_back(&orders), "a wrong token holds nothing");
+    browser.goto(&page).await;
+    fill(TOKEN).await;
+    assert_eq!(browser.status().await, 200);
+    let outcome = browser.text("#outcome").await;
+    assert!(outcome.starts_with("Held") && outcome.contains(OPERATOR), "{outcome}");
+    eventually("held", WAIT, async || runtime.holds.holds_back(&orders).then_some(())).await;
+
+    // due messages wait in the held queue; the page lists the hold with who, why, how many
+    for i in 0..5 {
+        let mut headers = FieldTable::default();
+        headers.set("retry-to", text(&orders));
+        let props = BasicProperties::default()
+            .with_message_id(&format!("held-{i}"))
+            .with_headers(headers);
+        t.publish(&t.intake(), "", format!("order {i}").as_bytes(), props).await;
+    }
+    browser.goto(&page).await;
+    let row = format!("#holds tr[data-destination=\"{orders}\"]");
+    browser.reload_until_text(&format!("{row} td.held-messages"), "5").await;
+    let listed = browser.text(&row).await;
+    for word in ["held", OPERATOR, "orders-db failover"] {
+        assert!(listed.contains(word), "{word} in {listed:?}");
+    }
+    assert!(browser.text("#transitions").await.contains("held"));
+    shoot(&browser, "destinations").await;
+
+    // resume through the row's form: every held message arrives, once
+    let mut consumer = t.consume(&orders).await;
+    assert!(next_within(&mut consumer, Duration::from_millis(300)).await.is_none(), "held");
+    let rate = browser.find(&format!("{row} form.resume input[name=rate]")).await;
+    step("type the rate", rate.send_keys("50/s")).await;
+    let token = browser.find(&format!("{row} form.resume input[name=token]")).await;
+    step("type the token", token.send_keys(TOKEN)).await;
+    let resume = browser.find(&format!("{row} form.resume button[type=submit]")).await;
+    browser.click_and_load("resume", &resume).await;
+    assert_eq!(browser.status().await, 200);
+    let outcome = browser.text("#outcome").await;
+    assert!(outcome.starts_with("Resumed") && outcome.contains("50/s"), "{outcome}");
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..5 {
+        let d = next_within(&mut consumer, WAIT).await.expect("released");
+        ids.insert(message_id(&d).to_string());
+        consumer.ack(&d);
+    }
+    assert_eq!(ids.len(), 5, "every held message once: {ids:?}");
+    assert!(next_within(&mut consumer, Duration::from_secs(1)).await.is_none(), "none twice");
+    browser.goto(&page).await;
+    shoot(&browser, "destinations-resumed").await;
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+
+    browser.close().await;
+    admin.stop().await;
+    t.stop_service().await;
+}
