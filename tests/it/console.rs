@@ -324,7 +324,11 @@ async fn an_operator_holds_and_resumes_a_destination_on_its_page() {
     // a wrong token is refused, and nothing is held
     let fill = async |token: &str| {
         let form = "#hold";
-        for (field, value) in [("destination", orders.as_str()), ("why", "orders-db failover"), ("token", token)] {
+        for (field, value) in [
+            ("destination", orders.as_str()),
+            ("why", "orders-db failover"),
+            ("token", token),
+        ] {
             let input = browser.find(&format!("{form} input[name={field}]")).await;
             step(&format!("type the {field}"), input.send_keys(value)).await;
         }
@@ -364,7 +368,10 @@ async fn an_operator_holds_and_resumes_a_destination_on_its_page() {
 
     // resume through the row's form: every held message arrives, once
     let mut consumer = t.consume(&orders).await;
-    assert!(next_within(&mut consumer, Duration::from_millis(300)).await.is_none(), "held");
+    assert!(
+        next_within(&mut consumer, Duration::from_millis(300)).await.is_none(),
+        "held"
+    );
     let rate = browser.find(&format!("{row} form.resume input[name=rate]")).await;
     step("type the rate", rate.send_keys("50/s")).await;
     let token = browser.find(&format!("{row} form.resume input[name=token]")).await;
@@ -381,7 +388,10 @@ async fn an_operator_holds_and_resumes_a_destination_on_its_page() {
         consumer.ack(&d);
     }
     assert_eq!(ids.len(), 5, "every held message once: {ids:?}");
-    assert!(next_within(&mut consumer, Duration::from_secs(1)).await.is_none(), "none twice");
+    assert!(
+        next_within(&mut consumer, Duration::from_secs(1)).await.is_none(),
+        "none twice"
+    );
     browser.goto(&page).await;
     shoot(&browser, "destinations-resumed").await;
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
