@@ -76,7 +76,7 @@ pub(crate) struct BusyView {
 #[derive(Serialize)]
 pub(crate) struct TransitionView {
     destination: String,
-    /// `held`, `resumed` or `released`.
+    /// `held`, `resumed`, `released`, `probed` or `probe_failed`.
     action: &'static str,
     by: String,
     why: String,

@@ -387,7 +387,7 @@ fn holds_paths() -> Value {
                                 "required": ["destination", "action", "by", "why", "at_ms"],
                                 "properties": {
                                     "destination": {"type": "string"},
-                                    "action": {"type": "string", "enum": ["held", "resumed", "released"]},
+                                    "action": {"type": "string", "enum": ["held", "resumed", "released", "probed", "probe_failed"]},
                                     "by": {"type": "string"},
                                     "why": {"type": "string"},
                                     "at_ms": count(),

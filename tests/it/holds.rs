@@ -584,6 +584,16 @@ async fn two_replicas_probe_once_at_the_pace_and_resume_only_after_the_consumer_
     );
     let released = probes_released(&t.state.metrics.encode()) + probes_released(&replica.2.metrics.encode());
     assert_eq!(released, at.len() as u64, "each probe released by one replica");
+    // every probe failed, whichever intake took it back, and both replicas read it
+    for (who, state) in [("here", &t.state), ("there", &replica.2)] {
+        let metrics = state.metrics.encode();
+        let failed = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("ladder_hold_transitions_total{ladder=\"default\",kind=\"probe_failed\"} "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        assert_eq!(failed, at.len() as u64, "{who} read every probe's failure");
+    }
 
     // healed: every message arrives exactly once from now on, none is parked
     let mut seen: HashMap<String, usize> = HashMap::new();
