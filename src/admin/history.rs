@@ -9,8 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::admin::poller::Snapshot;
-use crate::metrics::LATENESS_BUCKETS;
+use crate::admin::snapshot::Snapshot;
 use crate::model::ladder::LadderSpec;
 
 /// Closed one-minute points kept per ladder: the hour the overview draws.
@@ -22,8 +21,7 @@ pub const MINUTE_MS: u64 = 60_000;
 /// The share of deliveries the lateness chart's quantile leaves above it.
 pub const LATENESS_QUANTILE: f64 = 0.99;
 
-/// Per bucket of `ladder_lateness_seconds`, observations (not cumulative), `+Inf` last.
-pub type LatenessCounts = [u64; LATENESS_BUCKETS + 1];
+pub use crate::admin::snapshot::LatenessCounts;
 
 /// One minute of one ladder.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -267,6 +265,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::LATENESS_BUCKETS;
 
     fn sample(at_ms: u64, received: u64) -> Sample {
         Sample {
@@ -370,7 +369,7 @@ mod tests {
 
     #[test]
     fn waiting_is_split_into_steps_and_levels() {
-        use crate::admin::poller::{AccountingStatus, LadderSnapshot};
+        use crate::admin::snapshot::{AccountingStatus, LadderSnapshot};
         use crate::model::accounting::Counters;
         let mut history = History {
             ladders: vec![("orders".into(), LadderHistory::new(["1s", "10s"]))],

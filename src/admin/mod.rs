@@ -25,6 +25,7 @@ pub mod holds;
 pub mod openapi;
 pub mod poller;
 pub mod router;
+pub mod snapshot;
 pub mod state;
 pub mod web;
 
