@@ -266,6 +266,18 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
         }
     };
     let action = |what: &str| format!("/ladders/{}/destinations/{what}", segment(&ladder));
+    // the parking lot's index counts every replica's parks (it follows the stream)
+    let parked: Vec<(String, u64)> = state
+        .desk
+        .status(&ladder)
+        .map(|s| s.unresolved.by_destination)
+        .unwrap_or_default();
+    let parked_of = |destination: &str| {
+        parked
+            .iter()
+            .find(|(d, _)| d == destination)
+            .map_or(0, |(_, n)| *n)
+    };
     let body = html! {
         p { "Ladder " b { (ladder) } ". A held destination gets nothing; its due messages wait in its held queue, no attempt counted, until it is resumed; then they are released at a bounded rate, oldest first." }
         h2 { "Held" }
@@ -308,9 +320,32 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
             p { "None seen yet." }
         } @else {
             table #busiest {
-                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } }
+                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } th { "Parked, unresolved" } th { "" } }
                 @for b in &answer.busiest {
-                    tr { td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) } }
+                    tr {
+                        td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) }
+                        td { (parked_of(&b.destination)) }
+                        td {
+                            @if !answer.holds.iter().any(|h| h.destination == b.destination) {
+                                form .hold-row method="post" action=(action("hold")) {
+                                    input type="hidden" name="destination" value=(b.destination);
+                                    (token_field()) " "
+                                    button type="submit" { "Hold" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Most parked destinations (unresolved, all replicas)" }
+        @if parked.is_empty() {
+            p { "Nothing parked." }
+        } @else {
+            table #most-parked {
+                tr { th { "Destination" } th { "Parked, unresolved" } }
+                @for (destination, n) in parked.iter().take(BUSIEST) {
+                    tr { td { code { (destination) } } td { (n) } }
                 }
             }
         }

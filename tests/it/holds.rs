@@ -272,6 +272,11 @@ async fn two_replicas_agree_on_a_hold_made_through_one_api_and_a_restart_keeps_i
         page.contains(&orders) && page.contains("maintenance") && page.contains("alice"),
         "{page}"
     );
+    // with the parked counts of every replica, and a hold button for each busy one not held
+    assert!(page.contains("Most parked destinations"), "{page}");
+    if page.contains("id=\"busiest\"") {
+        assert!(page.contains("Parked, unresolved"), "{page}");
+    }
 
     // resume through the API, fast: every one delivered once, none parked
     let resume = admin.url(&format!("/api/ladders/{}/holds/resume", t.ladder));
