@@ -272,12 +272,7 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
         .status(&ladder)
         .map(|s| s.unresolved.by_destination)
         .unwrap_or_default();
-    let parked_of = |destination: &str| {
-        parked
-            .iter()
-            .find(|(d, _)| d == destination)
-            .map_or(0, |(_, n)| *n)
-    };
+    let parked_of = |destination: &str| parked.iter().find(|(d, _)| d == destination).map_or(0, |(_, n)| *n);
     let body = html! {
         p { "Ladder " b { (ladder) } ". A held destination gets nothing; its due messages wait in its held queue, no attempt counted, until it is resumed; then they are released at a bounded rate, oldest first." }
         h2 { "Held" }

@@ -100,4 +100,3 @@ pub struct AccountingStatus {
     /// What `ladder_unaccounted_messages` shows.
     pub unaccounted: u64,
 }
-
