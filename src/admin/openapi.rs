@@ -183,15 +183,7 @@ fn paths() -> Value {
                     },
                 }}}},
                 "400": {"$ref": "#/components/responses/BadRequest"},
-                "401": {
-                    "description": "no bearer token",
-                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-                },
-                "403": error("the token matches none in admin.tokens (or none is configured)"),
                 "404": {"$ref": "#/components/responses/NotFound"},
-                "413": error("the body is too large"),
-                "415": error("the body is not Content-Type: application/json"),
                 "500": {"$ref": "#/components/responses/Internal"},
                 "503": {"$ref": "#/components/responses/Unavailable"},
             },
@@ -239,6 +231,18 @@ fn paths() -> Value {
                 responses["400"] = json!({"$ref": "#/components/responses/BadRequest"});
             }
             responses["414"] = json!({"$ref": "#/components/responses/UriTooLong"});
+            // every write takes a token and a JSON body: the same refusals for each
+            if operation.get("security").is_some() {
+                let responses = &mut operation["responses"];
+                responses["401"] = json!({
+                    "description": "no bearer token",
+                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                });
+                responses["403"] = error("the token matches none in admin.tokens (or none is configured)");
+                responses["413"] = error("the body is too large");
+                responses["415"] = error("the body is not Content-Type: application/json");
+            }
         }
     }
     paths
@@ -306,16 +310,8 @@ fn action(id: &str, summary: &str) -> Value {
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobAnswer"}}},
             },
             "400": {"$ref": "#/components/responses/BadRequest"},
-            "401": {
-                "description": "no bearer token",
-                "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-            },
-            "403": error("the token matches none in admin.tokens (or none is configured)"),
             "404": {"$ref": "#/components/responses/NotFound"},
             "409": error("another replay or discard of the ladder runs"),
-            "413": error("the body is too large"),
-            "415": error("the body is not Content-Type: application/json"),
             "500": {"$ref": "#/components/responses/Internal"},
             "503": {"$ref": "#/components/responses/Unavailable"},
         },
@@ -472,16 +468,8 @@ fn hold_action(id: &str, summary: &str, request: Value) -> Value {
                 },
             }}}},
             "400": {"$ref": "#/components/responses/BadRequest"},
-            "401": {
-                "description": "no bearer token",
-                "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-            },
-            "403": error("the token matches none in admin.tokens (or none is configured)"),
             "404": {"$ref": "#/components/responses/NotFound"},
             "409": error("the destination is not held"),
-            "413": error("the body is too large"),
-            "415": error("the body is not Content-Type: application/json"),
             "500": {"$ref": "#/components/responses/Internal"},
             "503": {"$ref": "#/components/responses/Unavailable"},
         },
