@@ -64,12 +64,16 @@ pub(crate) struct HoldView {
     messages: Option<u32>,
 }
 
-/// A destination this replica delivered to or saw failures of, in the breaker's window.
+/// A destination this replica delivered to or saw failures of, in the breaker's window, or has
+/// messages waiting for.
 #[derive(Serialize)]
 pub(crate) struct BusyView {
     destination: String,
     delivered: u64,
     failed: u64,
+    /// Messages this replica put into a tier for it that are not due yet (an estimate: see
+    /// `model::leaving::DueCounts`).
+    waiting: u64,
 }
 
 /// One transition, as the stream recorded it.
@@ -129,10 +133,11 @@ async fn answer(state: &AdminState, ladder: &str) -> Result<HoldsAnswer, HoldErr
         holds: views,
         busiest: busiest
             .into_iter()
-            .map(|(destination, delivered, failed)| BusyView {
-                destination,
-                delivered,
-                failed,
+            .map(|b| BusyView {
+                destination: b.destination,
+                delivered: b.delivered,
+                failed: b.failed,
+                waiting: b.waiting,
             })
             .collect(),
         recent: holds
@@ -310,15 +315,16 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
             (token_field()) " "
             button type="submit" { "Hold it" }
         }
-        h2 { "Busiest destinations (this replica, last " (answer.window_ms / 1000) " s)" }
+        h2 { "Busiest destinations (this replica: delivered and failed in the last " (answer.window_ms / 1000) " s, waiting now)" }
         @if answer.busiest.is_empty() {
             p { "None seen yet." }
         } @else {
             table #busiest {
-                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } th { "Parked, unresolved" } th { "" } }
+                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } th title="put into a tier by this replica, not due yet" { "Waiting" } th { "Parked, unresolved" } th { "" } }
                 @for b in &answer.busiest {
-                    tr {
+                    tr data-destination=(b.destination) {
                         td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) }
+                        td .waiting { (b.waiting) }
                         td { (parked_of(&b.destination)) }
                         td {
                             @if !answer.holds.iter().any(|h| h.destination == b.destination) {

@@ -351,7 +351,10 @@ fn holds_paths() -> Value {
                 "summary": "the held (or releasing) destinations, and the busiest this replica saw",
                 "description": "Read from the ladder's stream `N.L.holds` up to a marker appended first, so a hold \
                     recorded through any replica is in the answer. `busiest` is this replica's own count of \
-                    deliveries and failures back per destination over the breaker's window.",
+                    deliveries and failures back per destination over the breaker's window, and of the messages \
+                    it put into a tier for the destination that are not due yet (`waiting`; tiers are shared \
+                    by every destination, so this is counted from due times, in buckets a 32nd of each \
+                    message's delay wide: a message may count up to ~3% of its delay too long, never too short).",
                 "parameters": [{"$ref": "#/components/parameters/ladder"}],
                 "responses": {
                     "200": {"description": "the holds", "content": {"application/json": {"schema": {
@@ -393,11 +396,12 @@ fn holds_paths() -> Value {
                             "busiest": {"type": "array", "maxItems": crate::admin::holds::BUSIEST, "items": {
                                 "type": "object",
                                 "additionalProperties": false,
-                                "required": ["destination", "delivered", "failed"],
+                                "required": ["destination", "delivered", "failed", "waiting"],
                                 "properties": {
                                     "destination": {"type": "string"},
                                     "delivered": count(),
                                     "failed": count(),
+                                    "waiting": count(),
                                 },
                             }},
                         },

@@ -761,6 +761,7 @@ async fn release_one(
                     destination: destination.into(),
                     attempt: 0,
                     late_ms: 0,
+                    due_at_ms: 0,
                     kind: ForwardKind::Deliver,
                 };
                 let park = protocol::no_route(

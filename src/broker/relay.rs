@@ -404,6 +404,7 @@ async fn settle(
         }
     };
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    let mut deferred_due_ms = 0;
     loop {
         let publish = match &step {
             Step::Schedule(forward) | Step::Deliver(forward, _) => {
@@ -425,6 +426,7 @@ async fn settle(
                 // made and published in a block of its own, so it is not kept across the wait
                 let confirmed = {
                     let forward = ladder.context().defer(props, *reason, now_ms());
+                    deferred_due_ms = forward.due_at_ms;
                     publish_confirmed(
                         channel,
                         trace,
@@ -441,7 +443,12 @@ async fn settle(
         };
         step = match (step, publish) {
             (Step::Schedule(forward), Confirmation::Ack) => {
-                ladder.metrics.scheduled(&forward.routing_key, now_ms());
+                let now = now_ms();
+                ladder.metrics.scheduled(&forward.routing_key, now);
+                if hop == Hop::Intake {
+                    // a wait begins (the due hop's waits are the next legs of the same one)
+                    ladder.breaker().scheduled(&forward.destination, forward.due_at_ms, now);
+                }
                 debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                        tier = %forward.routing_key, trace_id = %trace_id(trace), "scheduled");
                 return Ok(());
@@ -461,6 +468,14 @@ async fn settle(
             }
             (Step::Defer(reason), Confirmation::Ack) => {
                 ladder.metrics.deferred(reason);
+                if let Some(destination) = props
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(protocol::header::RETRY_TO))
+                    .and_then(protocol::as_text)
+                {
+                    ladder.breaker().scheduled(destination, deferred_due_ms, now_ms());
+                }
                 return Ok(());
             }
             (Step::Park(_), Confirmation::Ack) => return Ok(()),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::leaving::DueCounts;
 use crate::model::lot::pace::Rate;
 
 /// The record format of a hold, a resume or the end of a release in `N.L.holds`.
@@ -528,6 +529,21 @@ struct Watch {
     /// When it was last resumed (a resume that lasts [`AutoHoldPolicy::max_hold`] forgets the trips).
     closed_at_ms: u64,
     seen_ms: u64,
+    /// Messages this replica put into a tier for it that are not due yet.
+    waiting: DueCounts,
+}
+
+/// One destination as [`Breaker::busiest`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Busy {
+    /// The destination queue (or exchange).
+    pub destination: String,
+    /// Deliveries in the window.
+    pub delivered: u64,
+    /// Failures (messages back at the intake) in the window.
+    pub failed: u64,
+    /// Messages put into a tier for it, not due yet ([`DueCounts`]).
+    pub waiting: u64,
 }
 
 /// What the breaker wants done.
@@ -576,11 +592,12 @@ impl Breaker {
             return w;
         }
         if self.watched.len() >= MAX_WATCHED {
+            // the stalest, among those not held and with nothing waiting if there are any
             let stalest = self
                 .watched
                 .iter()
                 .filter(|(_, w)| !w.held)
-                .min_by_key(|(_, w)| w.seen_ms)
+                .min_by_key(|(_, w)| (w.waiting.any_after(now_ms), w.seen_ms))
                 .map(|(d, _)| d.clone());
             if let Some(stalest) = stalest {
                 self.watched.remove(&stalest);
@@ -592,6 +609,7 @@ impl Breaker {
             trips: 0,
             closed_at_ms: now_ms,
             seen_ms: now_ms,
+            waiting: DueCounts::default(),
         });
         w.seen_ms = now_ms;
         w
@@ -601,6 +619,12 @@ impl Breaker {
     pub fn delivered(&mut self, destination: &str, now_ms: u64) {
         let window = self.policy.window;
         self.watch(destination, now_ms).window.delivered(window, now_ms);
+    }
+
+    /// A message for `destination`, due at `due_ms`, went into a tier (a retry, a scheduled
+    /// delivery or a deferral; not the hops of one wait through the delay levels).
+    pub fn scheduled(&mut self, destination: &str, due_ms: u64, now_ms: u64) {
+        self.watch(destination, now_ms).waiting.entered(due_ms, now_ms);
     }
 
     /// A message delivered to `destination` came back failed.
@@ -650,20 +674,29 @@ impl Breaker {
         actions
     }
 
-    /// Destinations watched, with (deliveries, failures) in the window, busiest first, at most
-    /// `limit`.
-    pub fn busiest(&mut self, now_ms: u64, limit: usize) -> Vec<(String, u64, u64)> {
+    /// Destinations watched, with deliveries and failures in the window and messages waiting,
+    /// busiest first (deliveries and failures, then waiting), at most `limit`.
+    pub fn busiest(&mut self, now_ms: u64, limit: usize) -> Vec<Busy> {
         let window = self.policy.window;
-        let mut all: Vec<(String, u64, u64)> = self
+        let mut all: Vec<Busy> = self
             .watched
             .iter_mut()
             .map(|(d, w)| {
                 let (delivered, failed) = w.window.totals(window, now_ms);
-                (d.clone(), delivered, failed)
+                Busy {
+                    destination: d.clone(),
+                    delivered,
+                    failed,
+                    waiting: w.waiting.waiting(now_ms),
+                }
             })
-            .filter(|(_, d, f)| d + f > 0)
+            .filter(|b| b.delivered + b.failed + b.waiting > 0)
             .collect();
-        all.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then_with(|| a.0.cmp(&b.0)));
+        all.sort_by(|a, b| {
+            (b.delivered + b.failed, b.waiting)
+                .cmp(&(a.delivered + a.failed, a.waiting))
+                .then_with(|| a.destination.cmp(&b.destination))
+        });
         all.truncate(limit);
         all
     }

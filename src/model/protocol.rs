@@ -225,6 +225,9 @@ pub struct Forward {
     pub attempt: u64,
     /// Due hop: how late the message is against `retry-due-at`, in ms (0 if early or unknown).
     pub late_ms: u64,
+    /// A wait: when the message is due (`retry-due-at` as sent), ms since the epoch; 0 for a
+    /// delivery.
+    pub due_at_ms: u64,
     /// Into a tier to wait, or out to its destination.
     pub kind: ForwardKind,
 }
@@ -413,10 +416,8 @@ impl HopContext<'_> {
         );
         out.set(header::RETRY_LADDER, long_string(&self.spec.name));
         out.set(header::RETRY_TIER, long_string(&tier.name));
-        out.set(
-            header::RETRY_DUE_AT,
-            FieldValue::LongLongInt(now_ms.saturating_add(delay.as_millis() as u64) as i64),
-        );
+        let due_at_ms = now_ms.saturating_add(delay.as_millis() as u64);
+        out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
         history.push(HistoryEntry {
             attempt,
             tier: crate::model::ladder::compact_duration(delay),
@@ -430,6 +431,7 @@ impl HopContext<'_> {
             destination,
             attempt,
             late_ms: 0,
+            due_at_ms,
             kind: ForwardKind::Wait,
         }))
     }
@@ -529,6 +531,7 @@ impl HopContext<'_> {
             destination: target.key(),
             attempt: 0,
             late_ms: 0,
+            due_at_ms: due_at,
             kind: ForwardKind::Wait,
         }))
     }
@@ -621,6 +624,7 @@ impl HopContext<'_> {
                 destination: target.key(),
                 attempt: attempts.unwrap_or(0),
                 late_ms: 0,
+                due_at_ms: due,
                 kind: ForwardKind::Wait,
             }));
         }
@@ -655,6 +659,7 @@ impl HopContext<'_> {
             destination: target.key(),
             attempt: attempts.unwrap_or(0),
             late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
+            due_at_ms: 0,
             kind: ForwardKind::Deliver,
         }))
     }
@@ -678,10 +683,8 @@ impl HopContext<'_> {
         let mut out = republished_headers(h);
         out.set(header::RETRY_DEFERRALS, FieldValue::LongLongInt(deferrals as i64));
         out.set(header::RETRY_TIER, long_string(&tier.name));
-        out.set(
-            header::RETRY_DUE_AT,
-            FieldValue::LongLongInt(now_ms.saturating_add(tier.ttl_ms()) as i64),
-        );
+        let due_at_ms = now_ms.saturating_add(tier.ttl_ms());
+        out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
         Forward {
             exchange: self.names.tiers_exchange.clone(),
             routing_key: tier.name.clone(),
@@ -693,6 +696,7 @@ impl HopContext<'_> {
                 .to_string(),
             attempt: optional_u64(h, header::RETRY_ATTEMPT).ok().flatten().unwrap_or(0),
             late_ms: 0,
+            due_at_ms,
             kind: ForwardKind::Wait,
         }
     }

@@ -728,3 +728,83 @@ async fn a_message_cancelled_while_held_is_parked_on_release_not_delivered() {
         "the cancelled one is not delivered"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_destinations_page_counts_the_messages_waiting_for_each_destination() {
+    // one long step: the retries wait in one shared tier queue, for two destinations
+    let ladder = "backoff = [\"8s\"]\nmax_attempts = 5\nallow = [\"^{ns}-\"]";
+    let mut t = TestLadder::configure_with("waiting", ADMIN, ladder).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let billing = t.declare_queue("billing", FieldTable::default()).await;
+    let mut orders_in = t.consume(&orders).await;
+    let mut billing_in = t.consume(&billing).await;
+    for i in 0..7 {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("o{i}")))
+            .await;
+    }
+    for i in 0..3 {
+        t.publish(&t.intake(), "", b"b", failure(&billing, &format!("b{i}")))
+            .await;
+    }
+    let http = reqwest::Client::new();
+    let holds = admin.url(&format!("/api/ladders/{}/holds", t.ladder));
+    let waiting_of = |listed: &Value, destination: &str| {
+        listed["busiest"]
+            .as_array()?
+            .iter()
+            .find(|b| b["destination"] == destination)?["waiting"]
+            .as_u64()
+    };
+    // all ten waiting in the one tier: 7 for orders, 3 for billing
+    eventually("7 and 3 waiting", Duration::from_secs(6), async || {
+        let listed: Value = http.get(&holds).send().await.ok()?.json().await.ok()?;
+        (waiting_of(&listed, &orders) == Some(7) && waiting_of(&listed, &billing) == Some(3)).then_some(())
+    })
+    .await;
+    let page = http
+        .get(admin.url("/ladders/default/destinations"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let row = |destination: &str| {
+        let start = page
+            .find(&format!("<tr data-destination=\"{destination}\">"))
+            .unwrap_or_else(|| panic!("a row for {destination}: {page}"));
+        page[start..start + page[start..].find("</tr>").unwrap()].to_string()
+    };
+    assert!(
+        page.contains("<th title=\"put into a tier by this replica, not due yet\">Waiting</th>"),
+        "{page}"
+    );
+    assert!(
+        row(&orders).contains("<td class=\"waiting\">7</td>"),
+        "{}",
+        row(&orders)
+    );
+    assert!(
+        row(&billing).contains("<td class=\"waiting\">3</td>"),
+        "{}",
+        row(&billing)
+    );
+
+    // once due they are delivered, and no longer waiting
+    let got = receive(&mut orders_in, 7).await;
+    assert_eq!(got.len(), 7);
+    let got = receive(&mut billing_in, 3).await;
+    assert_eq!(got.len(), 3);
+    eventually("none waiting, all delivered", WAIT, async || {
+        let listed: Value = http.get(&holds).send().await.ok()?.json().await.ok()?;
+        let busy = listed["busiest"].as_array()?;
+        let of = |d: &str| busy.iter().find(|b| b["destination"] == d).cloned();
+        let (o, b) = (of(&orders)?, of(&billing)?);
+        (o["waiting"] == 0 && b["waiting"] == 0 && o["delivered"] == 7 && b["delivered"] == 3).then_some(())
+    })
+    .await;
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    admin.stop().await;
+}
