@@ -37,6 +37,8 @@ fn main() -> ExitCode {
         // SAFETY: nothing has spawned a thread yet, so nothing reads the environment concurrently.
         unsafe { std::env::set_var("RUST_MIN_STACK", ladder::DEEP_STACK_BYTES.to_string()) };
     }
+    // Ladder's own header names decode without an allocation each (they are on every message)
+    ladder_amqp::share_table_keys(ladder::model::protocol::header::ALL);
     let cli = Cli::parse();
     // completions and man pages need no config
     if let Some(code) = cli::docs::answer(&cli.command) {

@@ -24,9 +24,44 @@ pub const MAX_DEPTH: usize = 64;
 #[error("a short string has at most 255 bytes, this one {0}")]
 pub struct TooLong(pub usize);
 
-/// An AMQP short string: at most 255 bytes, any bytes.
+/// An AMQP short string: at most 255 bytes, any bytes. A name known when the program is built
+/// ([`ShortString::from_static`], or a table key in [`share_table_keys`]) is borrowed, not
+/// allocated: making, cloning and dropping it costs no allocation.
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ShortString(Vec<u8>);
+pub struct ShortString(Cow<'static, [u8]>);
+
+/// Table keys decoded as borrowed [`ShortString`]s: RabbitMQ's own annotations, then what
+/// [`share_table_keys`] added.
+static SHARED_KEYS: std::sync::OnceLock<Vec<&'static [u8]>> = std::sync::OnceLock::new();
+
+/// The keys RabbitMQ writes into the headers of a dead-lettered message.
+const BROKER_KEYS: &[&str] = &[
+    "x-death",
+    "count",
+    "exchange",
+    "queue",
+    "reason",
+    "routing-keys",
+    "time",
+    "original-expiration",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-delivery-count",
+    "x-acquired-count",
+];
+
+/// Makes the table keys `keys` (and RabbitMQ's own annotations) decode without an allocation
+/// each: a program that reads and writes the same few header names on every message names them
+/// once at start. Only the first call has an effect; returns whether this one did.
+pub fn share_table_keys(keys: &[&'static str]) -> bool {
+    let mut all: Vec<&'static [u8]> = BROKER_KEYS.iter().map(|k| k.as_bytes()).collect();
+    all.extend(keys.iter().filter(|k| k.len() <= 255).map(|k| k.as_bytes()));
+    SHARED_KEYS.set(all).is_ok()
+}
 
 impl ShortString {
     /// A short string of `bytes`, if there are at most 255 of them.
@@ -35,7 +70,26 @@ impl ShortString {
         if bytes.len() > 255 {
             return Err(TooLong(bytes.len()));
         }
-        Ok(ShortString(bytes))
+        Ok(ShortString(Cow::Owned(bytes)))
+    }
+
+    /// A short string of a name fixed at build time, borrowed.
+    ///
+    /// # Panics
+    /// If `text` is longer than 255 bytes (at compile time in a const).
+    pub const fn from_static(text: &'static str) -> Self {
+        assert!(text.len() <= 255, "a short string has at most 255 bytes");
+        ShortString(Cow::Borrowed(text.as_bytes()))
+    }
+
+    /// A table key read from the wire: borrowed if it is a shared key, else copied.
+    fn table_key(bytes: &[u8]) -> Self {
+        if let Some(shared) = SHARED_KEYS.get()
+            && let Some(key) = shared.iter().find(|k| **k == bytes)
+        {
+            return ShortString(Cow::Borrowed(key));
+        }
+        ShortString(Cow::Owned(bytes.to_vec()))
     }
 
     /// The bytes.
@@ -65,7 +119,7 @@ impl ShortString {
 
     /// The bytes, owned.
     pub fn into_bytes(self) -> Vec<u8> {
-        self.0
+        self.0.into_owned()
     }
 }
 
@@ -99,13 +153,13 @@ impl TryFrom<Vec<u8>> for ShortString {
 
 impl PartialEq<str> for ShortString {
     fn eq(&self, other: &str) -> bool {
-        self.0 == other.as_bytes()
+        *self.0 == *other.as_bytes()
     }
 }
 
 impl PartialEq<&str> for ShortString {
     fn eq(&self, other: &&str) -> bool {
-        self.0 == other.as_bytes()
+        *self.0 == *other.as_bytes()
     }
 }
 
@@ -312,6 +366,17 @@ impl FieldTable {
     /// An empty table.
     pub fn new() -> Self {
         FieldTable(Vec::new())
+    }
+
+    /// An empty table with room for `n` entries.
+    pub fn with_capacity(n: usize) -> Self {
+        FieldTable(Vec::with_capacity(n))
+    }
+
+    /// Appends an entry without looking for `key`: for a caller that knows it is absent (a
+    /// table that holds it twice is still valid AMQP; [`FieldTable::get`] reads the first).
+    pub fn push(&mut self, key: ShortString, value: FieldValue) {
+        self.0.push((key, value));
     }
 
     /// The first value under `key`.
@@ -541,7 +606,7 @@ impl<'a> Reader<'a> {
     /// A short string.
     pub fn short_string(&mut self) -> Result<ShortString, DecodeError> {
         let len = usize::from(self.u8()?);
-        Ok(ShortString(self.take(len)?.to_vec()))
+        Ok(ShortString(Cow::Owned(self.take(len)?.to_vec())))
     }
 
     /// A long string.
@@ -569,7 +634,8 @@ impl<'a> Reader<'a> {
         };
         let mut entries = Vec::new();
         while !inner.is_empty() {
-            let key = inner.short_string()?;
+            let len = usize::from(inner.u8()?);
+            let key = ShortString::table_key(inner.take(len)?);
             let value = inner.value_at(depth)?;
             entries.push((key, value));
         }

@@ -567,7 +567,8 @@ pub enum BreakerAction {
 #[derive(Debug, Clone)]
 pub struct Breaker {
     policy: AutoHoldPolicy,
-    watched: HashMap<String, Watch>,
+    /// Keyed with foldhash: looked up on every delivery and retry.
+    watched: HashMap<String, Watch, foldhash::fast::RandomState>,
 }
 
 impl Breaker {
@@ -575,7 +576,7 @@ impl Breaker {
     pub fn new(policy: AutoHoldPolicy) -> Self {
         Breaker {
             policy,
-            watched: HashMap::new(),
+            watched: HashMap::default(),
         }
     }
 

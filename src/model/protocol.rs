@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use ladder_amqp::{BasicProperties, FieldTable, FieldValue, LongString};
+use ladder_amqp::{BasicProperties, FieldTable, FieldValue, LongString, ShortString};
 use serde::{Deserialize, Serialize};
 
 use crate::model::ladder::Limits;
@@ -65,6 +65,30 @@ pub mod header {
     /// `h`, `m`, `s`), so neither separator can occur in one. Informational: read leniently,
     /// never a reason to park; kept across replays (lineage).
     pub const RETRY_HISTORY: &str = "retry-history";
+
+    /// Every header above: decoded without an allocation each
+    /// (`ladder_amqp::share_table_keys`, called at start).
+    pub const ALL: &[&str] = &[
+        RETRY_TO,
+        RETRY_REASON,
+        RETRY_DELAY,
+        RETRY_ATTEMPT,
+        RETRY_FIRST_FAILED_AT,
+        RETRY_PROBE,
+        RETRY_LADDER,
+        RETRY_TIER,
+        RETRY_DUE_AT,
+        RETRY_ORIGINAL_USER_ID,
+        X_DEATH,
+        X_DELAY,
+        DELAY_UNTIL,
+        RETRY_TO_EXCHANGE,
+        RETRY_ROUTING_KEY,
+        RETRY_SCHEDULED,
+        RETRY_REPLAYED_FROM,
+        RETRY_DEFERRALS,
+        RETRY_HISTORY,
+    ];
 }
 
 /// Tables nested deeper than this are refused as `invalid-header`; it bounds recursion.
@@ -319,17 +343,17 @@ impl HopContext<'_> {
                 )
             }),
         };
-        let known_destination = destination.as_ref().ok().cloned();
-        let mut history = carried_history(h);
+        // what a park record needs is read only when parking (this runs on every retry)
+        let known_destination = || destination.as_ref().ok().cloned();
 
         if let Some((reason, detail)) = self.check_size(h) {
             return Decision::Park(Park {
                 reason,
                 detail,
-                destination: known_destination,
+                destination: known_destination(),
                 attempts: None,
                 first_failed_at_ms: None,
-                history,
+                history: carried_history(h),
                 replayed_from: carried_replayed_from(h),
             });
         }
@@ -339,10 +363,10 @@ impl HopContext<'_> {
                 return Decision::Park(Park {
                     reason: ParkReason::InvalidHeader,
                     detail: problem,
-                    destination: known_destination,
+                    destination: known_destination(),
                     attempts: None,
                     first_failed_at_ms: None,
-                    history,
+                    history: carried_history(h),
                     replayed_from: carried_replayed_from(h),
                 });
             }
@@ -355,7 +379,7 @@ impl HopContext<'_> {
                 destination,
                 attempts: Some(previous),
                 first_failed_at_ms: first_failed_at,
-                history: history.clone(),
+                history: carried_history(h),
                 replayed_from: carried_replayed_from(h),
             })
         };
@@ -401,29 +425,39 @@ impl HopContext<'_> {
         }
         let delay = self.spec.retry_delay(attempt as u32, min_delay, arrival.draw);
         let tier = self.spec.next_wait(delay);
-        let mut out = republished_headers(h);
-        out.remove(header::RETRY_DELAY);
-        out.remove(header::RETRY_DEFERRALS);
+        // one pass: what is carried over, then what the intake writes (no lookups, no moves)
+        let mut out = republished_headers_except(h, INTAKE_WRITES);
         if let Some(reason) = reason {
-            out.set(header::RETRY_REASON, long_string(&reason));
+            out.push(short_key(header::RETRY_REASON), long_string(&reason));
         }
+        // carried over unless there is a user id to move (rare: replaces it)
         move_user_id(props, &mut out);
-        out.set(header::RETRY_TO, long_string(&destination));
-        out.set(header::RETRY_ATTEMPT, FieldValue::LongLongInt(attempt as i64));
-        out.set(
-            header::RETRY_FIRST_FAILED_AT,
+        out.push(short_key(header::RETRY_TO), long_string(&destination));
+        out.push(
+            short_key(header::RETRY_ATTEMPT),
+            FieldValue::LongLongInt(attempt as i64),
+        );
+        out.push(
+            short_key(header::RETRY_FIRST_FAILED_AT),
             FieldValue::LongLongInt(first_failed_at.unwrap_or(now_ms) as i64),
         );
-        out.set(header::RETRY_LADDER, long_string(&self.spec.name));
-        out.set(header::RETRY_TIER, long_string(&tier.name));
+        out.push(short_key(header::RETRY_LADDER), long_string(&self.spec.name));
+        out.push(short_key(header::RETRY_TIER), long_string(&tier.name));
         let due_at_ms = now_ms.saturating_add(delay.as_millis() as u64);
-        out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
-        history.push(HistoryEntry {
-            attempt,
-            tier: crate::model::ladder::compact_duration(delay),
-            failed_at_ms: now_ms,
-        });
-        out.set(header::RETRY_HISTORY, format_history(&history));
+        out.push(
+            short_key(header::RETRY_DUE_AT),
+            FieldValue::LongLongInt(due_at_ms as i64),
+        );
+        // the tier's own name when the delay is the tier's (no jitter, no retry-delay)
+        let step = if delay == tier.delay {
+            std::borrow::Cow::Borrowed(tier.name.as_str())
+        } else {
+            std::borrow::Cow::Owned(crate::model::ladder::compact_duration(delay))
+        };
+        out.push(
+            short_key(header::RETRY_HISTORY),
+            appended_history(h.get(header::RETRY_HISTORY), attempt, &step, now_ms),
+        );
         Decision::Forward(Box::new(Forward {
             exchange: self.names.tiers_exchange.clone(),
             routing_key: tier.name.clone(),
@@ -588,17 +622,17 @@ impl HopContext<'_> {
             Ok(target) => target,
             Err(problem) => return park(ParkReason::InvalidHeader, problem, None),
         };
-        let queue = target.queue().map(str::to_string);
+        let queue = || target.queue().map(str::to_string); // for a park record only
         // Only the intake checks headers, but anyone allowed to publish to the tiers exchange
         // could bypass it.
         if let Some((reason, detail)) = self.check_size(h) {
-            return park(reason, detail, queue);
+            return park(reason, detail, queue());
         }
         if let Some(detail) = self.refuse_target(&target) {
-            return park(ParkReason::DestinationNotAllowed, detail, queue);
+            return park(ParkReason::DestinationNotAllowed, detail, queue());
         }
         if arrival.cancelled {
-            return park(ParkReason::Cancelled, cancelled_detail(props), queue);
+            return park(ParkReason::Cancelled, cancelled_detail(props), queue());
         }
         let due_at = optional_u64(h, header::RETRY_DUE_AT).ok().flatten();
         if let Some(due) = due_at
@@ -612,7 +646,7 @@ impl HopContext<'_> {
                     header::RETRY_DUE_AT,
                     due - now_ms
                 );
-                return park(ParkReason::InvalidDelay, detail, queue);
+                return park(ParkReason::InvalidDelay, detail, queue());
             }
             let tier = self.spec.next_wait(remaining);
             let mut out = republished_headers(h);
@@ -1007,6 +1041,107 @@ pub fn is_stripped(key: &[u8]) -> bool {
         b"x-death" | b"CC" | b"BCC" | b"x-delivery-count" | b"x-acquired-count"
     ) || key.starts_with(b"x-first-death-")
         || key.starts_with(b"x-last-death-")
+}
+
+/// What the intake writes into a retry's headers (and `retry-delay` and `retry-deferrals`,
+/// which it drops; `retry-reason` is written whenever it was received): none of them is
+/// carried over as received.
+const INTAKE_WRITES: &[&str] = &[
+    header::RETRY_DELAY,
+    header::RETRY_DEFERRALS,
+    header::RETRY_REASON,
+    header::RETRY_TO,
+    header::RETRY_ATTEMPT,
+    header::RETRY_FIRST_FAILED_AT,
+    header::RETRY_LADDER,
+    header::RETRY_TIER,
+    header::RETRY_DUE_AT,
+    header::RETRY_HISTORY,
+];
+
+/// The headers republished, without those under `except` (which the caller writes anew), with
+/// room for them.
+fn republished_headers_except(headers: &FieldTable, except: &[&str]) -> FieldTable {
+    let mut out = FieldTable::with_capacity(headers.len() + except.len());
+    for (k, v) in headers.iter() {
+        let key = k.as_bytes();
+        if !is_stripped(key) && !except.iter().any(|e| e.as_bytes() == key) {
+            out.push(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// A table key of ours, borrowed (no allocation).
+fn short_key(key: &'static str) -> ShortString {
+    ShortString::from_static(key)
+}
+
+/// The `retry-history` after a failure at `failed_at_ms`: `previous` with `attempt:step:failed_at_ms`
+/// appended, the same as [`format_history`] of [`parse_history`] plus the entry. A previous
+/// value in the form Ladder writes (the common case) is appended to as text; anything else is
+/// read entry by entry and written anew.
+fn appended_history(previous: Option<&FieldValue>, attempt: u64, step: &str, failed_at_ms: u64) -> FieldValue {
+    let previous_text = previous.map(as_text);
+    match previous_text {
+        None | Some(Some(_)) if previous_text.flatten().is_none_or(is_written_history) => {
+            let text = previous_text.flatten().unwrap_or_default();
+            let mut out = String::with_capacity(text.len() + 1 + 44 + step.len());
+            out.push_str(text);
+            if !text.is_empty() {
+                out.push(',');
+            }
+            push_decimal(&mut out, attempt);
+            out.push(':');
+            out.push_str(step);
+            out.push(':');
+            push_decimal(&mut out, failed_at_ms);
+            FieldValue::LongString(LongString::from(out))
+        }
+        _ => {
+            let mut history = previous.map_or_else(Vec::new, parse_history);
+            history.push(HistoryEntry {
+                attempt,
+                tier: step.to_string(),
+                failed_at_ms,
+            });
+            format_history(&history)
+        }
+    }
+}
+
+/// Whether `text` is a history exactly as [`format_history`] writes it, with room for one more
+/// entry: at least one and fewer than [`MAX_HISTORY_ENTRIES`] entries, each of which
+/// [`parse_history`] reads back to the same text (no spaces, no leading zeros, no overflow).
+fn is_written_history(text: &str) -> bool {
+    let canonical_number = |n: &str| {
+        !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+            && (n == "0" || !n.starts_with('0'))
+            && n.parse::<u64>().is_ok()
+    };
+    let mut entries = 0;
+    for entry in text.split(',') {
+        entries += 1;
+        if entries >= MAX_HISTORY_ENTRIES {
+            return false;
+        }
+        let mut parts = entry.split(':');
+        let (Some(attempt), Some(tier), Some(failed_at), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        if !canonical_number(attempt)
+            || !canonical_number(failed_at)
+            || tier.is_empty()
+            || tier.len() > MAX_HISTORY_TIER_BYTES
+            || !tier.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            return false;
+        }
+    }
+    true
 }
 
 fn republished_headers(headers: &FieldTable) -> FieldTable {
@@ -2311,6 +2446,51 @@ mod tests {
         t.set("a", long_string("xyz")); // 1+1 key, 1 type, 4+3
         t.set("b", FieldValue::FieldArray(vec![FieldValue::Boolean(true)])); // 2, 1, 4+(1+1)
         assert_eq!(encoded_table_size(&t, 0), Ok(4 + (2 + 1 + 7) + (2 + 1 + 6)));
+    }
+
+    mod history {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn entry() -> impl Strategy<Value = String> {
+            // canonical entries, and the odd ones a sender may write (spaces, zeros, junk)
+            prop_oneof![
+                (0u64..100, "[0-9]{1,3}(ms|s|m|h)", 0u64..u64::MAX).prop_map(|(a, t, f)| format!("{a}:{t}:{f}")),
+                "[ 0-9a-z:]{0,12}",
+                Just("01:1s:5".to_string()),
+                Just(" 1:1s:5".to_string()),
+                Just("1:1s:99999999999999999999".to_string()),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 1024, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Appending as text gives exactly what reading the history and writing it anew gives.
+            #[test]
+            fn appending_is_reading_and_writing_anew(
+                entries in proptest::collection::vec(entry(), 0..20),
+                as_text_value in any::<bool>(),
+                attempt in 0u64..1000,
+                failed_at in any::<u64>(),
+            ) {
+                let text = entries.join(",");
+                let previous = if as_text_value {
+                    Some(FieldValue::LongString(LongString::from(text.as_str())))
+                } else if entries.is_empty() {
+                    None
+                } else {
+                    Some(FieldValue::LongLongInt(7))
+                };
+                let mut expected = previous.as_ref().map_or_else(Vec::new, parse_history);
+                expected.push(HistoryEntry { attempt, tier: "10s".into(), failed_at_ms: failed_at });
+                prop_assert_eq!(
+                    appended_history(previous.as_ref(), attempt, "10s", failed_at),
+                    format_history(&expected)
+                );
+            }
+        }
     }
 
     mod properties {

@@ -43,8 +43,8 @@ pub(crate) struct DestinationGate {
 #[derive(Debug, Default)]
 struct GateState {
     /// Destinations with a delivery in flight or waiting; an idle one has no entry.
-    slots: HashMap<Arc<str>, Slots>,
-    last_refusal: HashMap<String, Instant>,
+    slots: HashMap<Arc<str>, Slots, foldhash::fast::RandomState>,
+    last_refusal: HashMap<String, Instant, foldhash::fast::RandomState>,
 }
 
 /// One destination's count, beside its name (the map's key, shared with the permits).
