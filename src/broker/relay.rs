@@ -443,7 +443,7 @@ async fn settle(
         };
         step = match (step, publish) {
             (Step::Schedule(forward), Confirmation::Ack) => {
-                let now = now_ms();
+                // the arrival's time: the publish followed it within the decision's microseconds
                 ladder.metrics.scheduled(&forward.routing_key, now);
                 if hop == Hop::Intake {
                     // a wait begins (the due hop's waits are the next legs of the same one)
@@ -461,7 +461,7 @@ async fn settle(
             }
             (Step::Deliver(forward, _permit), Confirmation::Ack) => {
                 ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
-                ladder.breaker().delivered(&forward.destination, now_ms());
+                ladder.breaker().delivered(&forward.destination, now);
                 debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                        late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
                 return Ok(());

@@ -781,7 +781,15 @@ impl HopContext<'_> {
     }
 
     fn check_size(&self, headers: &FieldTable) -> Option<(ParkReason, String)> {
-        match encoded_table_size(headers, 0) {
+        // what is republished: the broker's annotations (x-death, nested and growing with
+        // every dead-lettering) are stripped, so they are neither counted nor walked
+        let republished = headers.iter().try_fold(4, |size, (key, value)| {
+            if is_stripped(key.as_bytes()) {
+                return Ok(size);
+            }
+            Ok::<_, TooDeep>(size + 1 + key.len() + 1 + encoded_value_size(value, 0)?)
+        });
+        match republished {
             Err(TooDeep) => Some((
                 ParkReason::InvalidHeader,
                 format!("headers nest deeper than {MAX_HEADER_DEPTH} levels"),
