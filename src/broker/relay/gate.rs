@@ -11,7 +11,8 @@
 //!
 //! It must not publish or decide anything: it only counts. It sits on every due delivery's path,
 //! so a destination below its bound costs one map lookup to enter and one to leave, and no
-//! allocation.
+//! allocation: an idle destination's entry is kept (up to [`KEEP_IDLE`] of them) for its next
+//! delivery.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,6 +27,10 @@ use tracing::{debug, warn};
 /// a round trip through a tier; short enough that a queue that stopped confirming gives the
 /// slots of its waiting deliveries back within a second.
 pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// Idle destinations (nothing in flight, none waiting) whose entries are kept, so that the next
+/// delivery to one allocates nothing; beyond this many, an entry is removed once idle.
+const KEEP_IDLE: usize = 256;
 
 /// A destination's first refusal after this long without one is logged at WARN; the others at
 /// DEBUG (the metric counts them all), so a full queue does not flood the log.
@@ -70,6 +75,7 @@ pub(crate) struct GatePermit {
 impl Drop for GatePermit {
     fn drop(&mut self) {
         let mut state = lock(&self.state);
+        let crowded = state.slots.len() > KEEP_IDLE;
         let Some(slots) = state.slots.get_mut(&*self.destination) else {
             return;
         };
@@ -79,7 +85,7 @@ impl Drop for GatePermit {
         slots.taken -= 1;
         if slots.waiting > 0 {
             slots.freed.notify_one();
-        } else if slots.taken == 0 {
+        } else if slots.taken == 0 && crowded {
             state.slots.remove(&*self.destination);
         }
     }
@@ -206,11 +212,12 @@ impl Waiting<'_> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let mut state = lock(&self.gate.state);
+        let crowded = state.slots.len() > KEEP_IDLE;
         let Some(slots) = state.slots.get_mut(&*self.name) else {
             return;
         };
         slots.waiting -= 1;
-        if slots.taken == 0 && slots.waiting == 0 {
+        if slots.taken == 0 && slots.waiting == 0 && crowded {
             state.slots.remove(&*self.name);
         } else if slots.waiting > 0 && slots.taken < self.gate.limit {
             // a wake-up this wait took without using it goes on to the next
@@ -227,8 +234,31 @@ mod tests {
         DestinationGate::new(limit, waiting, Duration::from_secs(1))
     }
 
+    /// Destinations with a delivery in flight or waiting.
     fn tracked(gate: &DestinationGate) -> usize {
-        lock(&gate.state).slots.len()
+        lock(&gate.state)
+            .slots
+            .values()
+            .filter(|s| s.taken > 0 || s.waiting > 0)
+            .count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_destinations_are_kept_up_to_a_bound() {
+        let gate = gate(2, 0);
+        for i in 0..1_000 {
+            let permit = gate.enter(&format!("q{i}")).await.unwrap();
+            drop(permit);
+        }
+        assert_eq!(tracked(&gate), 0);
+        let kept = lock(&gate.state).slots.len();
+        assert!(kept <= KEEP_IDLE + 1, "{kept} entries kept");
+        // a kept idle destination is entered again as a fresh one
+        let a = gate.enter("q999").await.unwrap();
+        let _b = gate.enter("q999").await.unwrap();
+        assert!(gate.enter("q999").await.is_none(), "its bound still holds");
+        drop(a);
+        assert!(gate.enter("q999").await.is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -242,10 +272,9 @@ mod tests {
         drop(a1);
         assert!(gate.enter("a").await.is_some());
         drop(b);
-        assert!(
-            !lock(&gate.state).slots.contains_key("b"),
-            "an idle destination leaves no entry"
-        );
+        let state = lock(&gate.state);
+        let b = state.slots.get("b").expect("an idle destination's entry is kept");
+        assert_eq!((b.taken, b.waiting), (0, 0), "b is idle");
     }
 
     #[tokio::test(start_paused = true)]
