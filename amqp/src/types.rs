@@ -32,7 +32,65 @@ pub struct ShortString(Cow<'static, [u8]>);
 
 /// Table keys decoded as borrowed [`ShortString`]s: RabbitMQ's own annotations, then what
 /// [`share_table_keys`] added.
-static SHARED_KEYS: std::sync::OnceLock<Vec<&'static [u8]>> = std::sync::OnceLock::new();
+static SHARED_KEYS: std::sync::OnceLock<SharedKeys> = std::sync::OnceLock::new();
+
+/// Slots of [`SharedKeys`]: a power of two, at least four times the keys it may hold.
+const SHARED_SLOTS: usize = 256;
+
+/// The shared keys, in an open-addressed table: a lookup hashes a key's length and three of
+/// its bytes and compares at most a few candidates of the same length, so a key that is not
+/// shared costs about as little as one that is.
+struct SharedKeys {
+    slots: Box<[Option<&'static [u8]>; SHARED_SLOTS]>,
+}
+
+impl SharedKeys {
+    fn slot(key: &[u8]) -> usize {
+        let (first, last, middle) = match key {
+            [] => (0, 0, 0),
+            [only] => (*only, *only, *only),
+            _ => (key[0], key[key.len() - 1], key[key.len() / 2]),
+        };
+        let h = (key.len() as u32)
+            .wrapping_mul(0x9E37_79B1)
+            .wrapping_add(u32::from(first).wrapping_mul(0x85EB_CA6B))
+            .wrapping_add(u32::from(last).wrapping_mul(0xC2B2_AE35))
+            .wrapping_add(u32::from(middle).wrapping_mul(0x27D4_EB2F));
+        (h ^ (h >> 15)) as usize % SHARED_SLOTS
+    }
+
+    fn new(keys: impl IntoIterator<Item = &'static [u8]>) -> Self {
+        let mut slots = Box::new([None; SHARED_SLOTS]);
+        let mut held = 0;
+        for key in keys {
+            let mut at = Self::slot(key);
+            loop {
+                match slots[at] {
+                    Some(k) if k == key => break,
+                    Some(_) => at = (at + 1) % SHARED_SLOTS,
+                    None if held < SHARED_SLOTS / 4 => {
+                        slots[at] = Some(key);
+                        held += 1;
+                        break;
+                    }
+                    None => break, // full enough: the rest are decoded as copies
+                }
+            }
+        }
+        SharedKeys { slots }
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&'static [u8]> {
+        let mut at = Self::slot(key);
+        loop {
+            match self.slots[at] {
+                None => return None,
+                Some(k) if k.len() == key.len() && k == key => return Some(k),
+                Some(_) => at = (at + 1) % SHARED_SLOTS,
+            }
+        }
+    }
+}
 
 /// The keys RabbitMQ writes into the headers of a dead-lettered message.
 const BROKER_KEYS: &[&str] = &[
@@ -58,9 +116,12 @@ const BROKER_KEYS: &[&str] = &[
 /// each: a program that reads and writes the same few header names on every message names them
 /// once at start. Only the first call has an effect; returns whether this one did.
 pub fn share_table_keys(keys: &[&'static str]) -> bool {
-    let mut all: Vec<&'static [u8]> = BROKER_KEYS.iter().map(|k| k.as_bytes()).collect();
-    all.extend(keys.iter().filter(|k| k.len() <= 255).map(|k| k.as_bytes()));
-    SHARED_KEYS.set(all).is_ok()
+    let all = BROKER_KEYS
+        .iter()
+        .chain(keys)
+        .filter(|k| k.len() <= 255)
+        .map(|k| k.as_bytes());
+    SHARED_KEYS.set(SharedKeys::new(all)).is_ok()
 }
 
 impl ShortString {
@@ -85,7 +146,7 @@ impl ShortString {
     /// A table key read from the wire: borrowed if it is a shared key, else copied.
     fn table_key(bytes: &[u8]) -> Self {
         if let Some(shared) = SHARED_KEYS.get()
-            && let Some(key) = shared.iter().find(|k| **k == bytes)
+            && let Some(key) = shared.get(bytes)
         {
             return ShortString(Cow::Borrowed(key));
         }
@@ -933,6 +994,26 @@ mod tests {
             v = &a[0];
         }
         assert_eq!((depth, v), (MAX_DEPTH - 1, &FieldValue::Void));
+    }
+
+    #[test]
+    fn shared_keys_are_found_and_others_are_not() {
+        let keys: Vec<&'static [u8]> = BROKER_KEYS.iter().map(|k| k.as_bytes()).collect();
+        let shared = SharedKeys::new(keys.iter().copied().chain([&b""[..], b"a", b"retry-to"]));
+        for key in keys.iter().chain(&[&b""[..], b"a", b"retry-to"]) {
+            assert_eq!(shared.get(key), Some(*key), "{key:?}");
+        }
+        for other in [&b"x-deaths"[..], b"b", b"retry-tO", b"count ", b"x-death\xff"] {
+            assert_eq!(shared.get(other), None, "{other:?}");
+        }
+        // more keys than it holds: the first ones are kept, the rest not, and lookups end
+        let many: Vec<&'static [u8]> = (0..500)
+            .map(|i| &*Box::leak(format!("key-{i}").into_bytes().into_boxed_slice()))
+            .collect();
+        let full = SharedKeys::new(many.iter().copied());
+        assert_eq!(full.get(many[0]), Some(many[0]));
+        assert_eq!(full.get(b"key-499"), None);
+        assert_eq!(full.get(b"not-there"), None);
     }
 
     #[test]

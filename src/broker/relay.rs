@@ -235,14 +235,22 @@ pub async fn serve(
     let waiting = usize::from(ladder.limits.prefetch).saturating_sub(limit);
     let gate = Arc::new(DestinationGate::new(limit, waiting, BUSY_WAIT));
     let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
-    // made once: a fresh `cancelled()` per message would register with the token each time
-    let stopping = shutdown.cancelled();
-    tokio::pin!(stopping);
+    // A one-shot told by a task of its own when `shutdown` fires: the loop polls it after every
+    // delivery, and a one-shot's poll is one atomic load, where a token's `cancelled()` takes
+    // the token's lock each time. The task ends with the loop (dropped handle: aborted).
+    let (stop, mut stopping) = tokio::sync::oneshot::channel::<()>();
+    let _told = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            let _ = stop.send(());
+        }
+    }));
     loop {
         tokio::select! {
             biased;
             Some(settled) = in_flight.next() => { let settled: ladder_amqp::Result<()> = settled; settled.map_err(broker)? }
-            () = &mut stopping => break,
+            _ = &mut stopping => break,
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => in_flight.push(handle(hop, ladder.clone(), channel.clone(), gate.clone(), delivery)),
                 Some(Err(source)) => return Err(broker(source)),
