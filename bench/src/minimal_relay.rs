@@ -5,8 +5,9 @@
 //! `retry-due-at` header the destination measures lateness against) → confirm → ack.
 //! due: consume `N.L.due` → publish to the default exchange with `retry-to` as routing key →
 //! confirm → ack. No validation, no header stripping, no telemetry, no parking. Same prefetch,
-//! same persistent mandatory publishes and the same many-in-flight structure as the ladder, so
-//! the difference measured is the ladder's own work.
+//! same persistent mandatory publishes and the same many-in-flight structure as the ladder, and
+//! the same shared table keys (`ladder_amqp::share_table_keys`), so the difference measured is
+//! the ladder's own work.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +57,9 @@ enum Hop {
 /// Each hop is a task of its own on the multi-threaded runtime, as in the ladder's supervisor,
 /// so both pay the same thread hand-offs.
 pub async fn run(args: RelayArgs) -> Result<()> {
+    // the client's cheapest path for the headers it reads and writes, as the ladder takes it
+    // for its own (and RabbitMQ's x-death keys)
+    ladder_amqp::share_table_keys(&["retry-to", "retry-due-at"]);
     let conn = connect(&args.url, "ladder-bench-relay").await?;
     let args = Arc::new(args);
     let intake = tokio::spawn(hop_loop(conn.clone(), args.clone(), Hop::Intake));
