@@ -63,8 +63,9 @@ pub struct ListQuery {
 
 /// Parses a listing's query parameters: `destination`, `reason`, `message_id`,
 /// `correlation_id`, `header` (`key=value`, repeatable), `body`, `since`, `until` (RFC 3339 or
-/// a duration ago), `offset`, `limit`, `resolved` (`include`). Empty values are ignored, as a
-/// form submits every field.
+/// a duration ago), `offset`, `limit`, `resolved` (`include`). Empty values of the filter's
+/// fields and of `resolved` are ignored, as a form submits every field; an empty `offset` or
+/// `limit` (which no form has) is refused like any other that is not a whole number.
 pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery, ParkingError> {
     let mut input = FilterInput::default();
     let mut page = PageRequest {
@@ -79,7 +80,8 @@ pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery,
     };
     for (key, value) in pairs {
         let value = value.trim();
-        if value.is_empty() || input.set(key, value)? {
+        let paging = matches!(key.as_str(), "offset" | "limit");
+        if (value.is_empty() && !paging) || input.set(key, value)? {
             continue;
         }
         match key.as_str() {
@@ -889,6 +891,11 @@ mod tests {
     fn bad_queries_say_what_is_wrong() {
         let bad = |list: &[(&str, &str)]| parse_query(&pairs(list), 0).unwrap_err().to_string();
         assert!(bad(&[("limit", "lots")]).contains("limit"));
+        assert!(
+            bad(&[("limit", "")]).contains("whole number"),
+            "an empty limit is no number"
+        );
+        assert!(bad(&[("offset", " ")]).contains("whole number"));
         assert!(bad(&[("limit", "5000")]).contains("at most 1000"));
         assert!(bad(&[("header", "novalue")]).contains("key=value"));
         assert!(bad(&[("since", "yesterday-ish")]).contains("RFC 3339"));
