@@ -1088,6 +1088,15 @@ mod tests {
         allow = ["^orders$"]
     "#;
 
+    /// The one ladder of a config with this ladder file.
+    fn one(ladder: &str) -> LadderSpec {
+        Fixture::new("", &[("default", ladder)])
+            .load(&[])
+            .unwrap()
+            .ladders
+            .remove(0)
+    }
+
     fn problem(main: &str, ladder: &str) -> ConfigError {
         Fixture::new(main, &[("default", ladder)]).load(&[]).unwrap_err()
     }
@@ -1280,13 +1289,6 @@ mod tests {
 
     #[test]
     fn release_rate_and_auto_hold() {
-        let one = |ladder: &str| {
-            Fixture::new("", &[("default", ladder)])
-                .load(&[])
-                .unwrap()
-                .ladders
-                .remove(0)
-        };
         let l = one("backoff = [\"1s\"]\nallow = []");
         assert_eq!(l.release_rate, crate::model::ladder::DEFAULT_RELEASE_RATE);
         assert_eq!(l.auto_hold, None);
@@ -1345,13 +1347,6 @@ mod tests {
 
     #[test]
     fn exact_delays_jitter_and_exchange_targets() {
-        let one = |ladder: &str| {
-            Fixture::new("", &[("default", ladder)])
-                .load(&[])
-                .unwrap()
-                .ladders
-                .remove(0)
-        };
         let l = one(GOOD_LADDER);
         assert!(l.exact_delays, "on unless a ladder turns them off");
         assert_eq!(l.jitter, None);

@@ -85,7 +85,7 @@ impl SharedKeys {
         loop {
             match self.slots[at] {
                 None => return None,
-                Some(k) if k.len() == key.len() && k == key => return Some(k),
+                Some(k) if k == key => return Some(k),
                 Some(_) => at = (at + 1) % SHARED_SLOTS,
             }
         }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ladder_amqp::{Confirmation, Connection, Delivery, FieldTable, FieldValue, QueueOptions};
+use ladder_amqp::{Channel, Confirmation, Connection, Consumer, Delivery, FieldTable, FieldValue, QueueOptions};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -504,6 +504,30 @@ async fn auto_hold(
     }
 }
 
+/// A channel in confirm mode consuming the held queue of `destination` one message at a time,
+/// or `None` if the queue does not exist (never held on this broker, or deleted by hand).
+async fn consume_held(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+) -> Result<Option<(Channel, Consumer)>, HoldError> {
+    let queue = ladder.names.held_queue(destination);
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    bounded("setting the prefetch", channel.basic_qos(1)).await?;
+    bounded("selecting confirms", channel.confirm_select()).await?;
+    match tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        channel.basic_consume(&queue, "", false, FieldTable::new()),
+    )
+    .await
+    {
+        Ok(Ok(consumer)) => Ok(Some((channel, consumer))),
+        Ok(Err(e)) if e.reply_code() == Some(404) => Ok(None),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(HoldError::Declare("the broker did not answer".into())),
+    }
+}
+
 /// Waits on the held queue of an automatically held `destination` until `stop`. Only the single
 /// active consumer receives: it keeps the oldest message (unacked) and, when a probe is due,
 /// records it (`probed`, by `me`) and — once the stream shows its record won — releases that
@@ -519,20 +543,8 @@ async fn probe(
     let Some(policy) = ladder.spec.auto_hold else {
         return Ok(());
     };
-    let queue = ladder.names.held_queue(destination);
-    let channel = bounded("opening a channel", connection.create_channel()).await?;
-    bounded("setting the prefetch", channel.basic_qos(1)).await?;
-    bounded("selecting confirms", channel.confirm_select()).await?;
-    let mut consumer = match tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        channel.basic_consume(&queue, "", false, FieldTable::new()),
-    )
-    .await
-    {
-        Ok(Ok(consumer)) => consumer,
-        Ok(Err(e)) if e.reply_code() == Some(404) => return Ok(()),
-        Ok(Err(e)) => return Err(e.into()),
-        Err(_) => return Err(HoldError::Declare("the broker did not answer".into())),
+    let Some((channel, mut consumer)) = consume_held(connection, ladder, destination).await? else {
+        return Ok(());
     };
     let result = 'consume: loop {
         let delivery = tokio::select! {
@@ -617,21 +629,8 @@ async fn drain(
     kind: DrainKind,
     stop: &CancellationToken,
 ) -> Result<(), HoldError> {
-    let queue = ladder.names.held_queue(destination);
-    let channel = bounded("opening a channel", connection.create_channel()).await?;
-    bounded("setting the prefetch", channel.basic_qos(1)).await?;
-    bounded("selecting confirms", channel.confirm_select()).await?;
-    let mut consumer = match tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        channel.basic_consume(&queue, "", false, FieldTable::new()),
-    )
-    .await
-    {
-        Ok(Ok(consumer)) => consumer,
-        // never held on this broker (or deleted by hand): nothing to drain
-        Ok(Err(e)) if e.reply_code() == Some(404) => return Ok(()),
-        Ok(Err(e)) => return Err(e.into()),
-        Err(_) => return Err(HoldError::Declare("the broker did not answer".into())),
+    let Some((channel, mut consumer)) = consume_held(connection, ladder, destination).await? else {
+        return Ok(());
     };
     let mut pacer = match kind {
         DrainKind::Release { rate, .. } => Pacer::new(rate),
@@ -651,7 +650,7 @@ async fn drain(
                 // idle: is the queue empty?
                 match kind {
                     DrainKind::Release { since_ms, .. } => {
-                        let empty = held_messages(connection, &queue).await == Some(0);
+                        let empty = held_messages(connection, &ladder.names.held_queue(destination)).await == Some(0);
                         let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "", now_ms());
                         record.of = Some(since_ms);
                         if empty

@@ -428,24 +428,27 @@ impl HopContext<'_> {
         // one pass: what is carried over, then what the intake writes (no lookups, no moves)
         let mut out = republished_headers_except(h, INTAKE_WRITES);
         if let Some(reason) = reason {
-            out.push(short_key(header::RETRY_REASON), long_string(&reason));
+            out.push(ShortString::from_static(header::RETRY_REASON), long_string(&reason));
         }
         // carried over unless there is a user id to move (rare: replaces it)
         move_user_id(props, &mut out);
-        out.push(short_key(header::RETRY_TO), long_string(&destination));
+        out.push(ShortString::from_static(header::RETRY_TO), long_string(&destination));
         out.push(
-            short_key(header::RETRY_ATTEMPT),
+            ShortString::from_static(header::RETRY_ATTEMPT),
             FieldValue::LongLongInt(attempt as i64),
         );
         out.push(
-            short_key(header::RETRY_FIRST_FAILED_AT),
+            ShortString::from_static(header::RETRY_FIRST_FAILED_AT),
             FieldValue::LongLongInt(first_failed_at.unwrap_or(now_ms) as i64),
         );
-        out.push(short_key(header::RETRY_LADDER), long_string(&self.spec.name));
-        out.push(short_key(header::RETRY_TIER), long_string(&tier.name));
+        out.push(
+            ShortString::from_static(header::RETRY_LADDER),
+            long_string(&self.spec.name),
+        );
+        out.push(ShortString::from_static(header::RETRY_TIER), long_string(&tier.name));
         let due_at_ms = now_ms.saturating_add(delay.as_millis() as u64);
         out.push(
-            short_key(header::RETRY_DUE_AT),
+            ShortString::from_static(header::RETRY_DUE_AT),
             FieldValue::LongLongInt(due_at_ms as i64),
         );
         // the tier's own name when the delay is the tier's (no jitter, no retry-delay)
@@ -455,7 +458,7 @@ impl HopContext<'_> {
             std::borrow::Cow::Owned(crate::model::ladder::compact_duration(delay))
         };
         out.push(
-            short_key(header::RETRY_HISTORY),
+            ShortString::from_static(header::RETRY_HISTORY),
             appended_history(h.get(header::RETRY_HISTORY), attempt, &step, now_ms),
         );
         Decision::Forward(Box::new(Forward {
@@ -783,12 +786,7 @@ impl HopContext<'_> {
     fn check_size(&self, headers: &FieldTable) -> Option<(ParkReason, String)> {
         // what is republished: the broker's annotations (x-death, nested and growing with
         // every dead-lettering) are stripped, so they are neither counted nor walked
-        let republished = headers.iter().try_fold(4, |size, (key, value)| {
-            if is_stripped(key.as_bytes()) {
-                return Ok(size);
-            }
-            Ok::<_, TooDeep>(size + 1 + key.len() + 1 + encoded_value_size(value, 0)?)
-        });
+        let republished = encoded_entries_size(headers.iter().filter(|(k, _)| !is_stripped(k.as_bytes())), 0);
         match republished {
             Err(TooDeep) => Some((
                 ParkReason::InvalidHeader,
@@ -996,13 +994,18 @@ pub fn format_history(entries: &[HistoryEntry]) -> FieldValue {
         if i > 0 {
             text.push(',');
         }
-        push_decimal(&mut text, e.attempt);
-        text.push(':');
-        text.push_str(&e.tier);
-        text.push(':');
-        push_decimal(&mut text, e.failed_at_ms);
+        push_history_entry(&mut text, e.attempt, &e.tier, e.failed_at_ms);
     }
     FieldValue::LongString(LongString::from(text))
+}
+
+/// Appends one `retry-history` entry, `<attempt>:<tier>:<failed_at_ms>`.
+fn push_history_entry(text: &mut String, attempt: u64, tier: &str, failed_at_ms: u64) {
+    push_decimal(text, attempt);
+    text.push(':');
+    text.push_str(tier);
+    text.push(':');
+    push_decimal(text, failed_at_ms);
 }
 
 /// Appends `n` in decimal: what `write!` would, without the formatting machinery (this runs on
@@ -1080,33 +1083,27 @@ fn republished_headers_except(headers: &FieldTable, except: &[&str]) -> FieldTab
     out
 }
 
-/// A table key of ours, borrowed (no allocation).
-fn short_key(key: &'static str) -> ShortString {
-    ShortString::from_static(key)
-}
-
 /// The `retry-history` after a failure at `failed_at_ms`: `previous` with `attempt:step:failed_at_ms`
 /// appended, the same as [`format_history`] of [`parse_history`] plus the entry. A previous
 /// value in the form Ladder writes (the common case) is appended to as text; anything else is
 /// read entry by entry and written anew.
 fn appended_history(previous: Option<&FieldValue>, attempt: u64, step: &str, failed_at_ms: u64) -> FieldValue {
-    let previous_text = previous.map(as_text);
-    match previous_text {
-        None | Some(Some(_)) if previous_text.flatten().is_none_or(is_written_history) => {
-            let text = previous_text.flatten().unwrap_or_default();
+    let as_written = match previous.map(as_text) {
+        None => Some(""),
+        Some(Some(text)) if is_written_history(text) => Some(text),
+        _ => None,
+    };
+    match as_written {
+        Some(text) => {
             let mut out = String::with_capacity(text.len() + 1 + 44 + step.len());
             out.push_str(text);
             if !text.is_empty() {
                 out.push(',');
             }
-            push_decimal(&mut out, attempt);
-            out.push(':');
-            out.push_str(step);
-            out.push(':');
-            push_decimal(&mut out, failed_at_ms);
+            push_history_entry(&mut out, attempt, step, failed_at_ms);
             FieldValue::LongString(LongString::from(out))
         }
-        _ => {
+        None => {
             let mut history = previous.map_or_else(Vec::new, parse_history);
             history.push(HistoryEntry {
                 attempt,
@@ -1153,11 +1150,7 @@ fn is_written_history(text: &str) -> bool {
 }
 
 fn republished_headers(headers: &FieldTable) -> FieldTable {
-    headers
-        .iter()
-        .filter(|(k, _)| !is_stripped(k.as_bytes()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    republished_headers_except(headers, &[])
 }
 
 /// A `user_id` that is not the publishing connection's would make the broker close the
@@ -1443,11 +1436,19 @@ pub struct TooDeep;
 
 /// The size of `table` in the AMQP 0-9-1 wire encoding, as RabbitMQ counts it against frame_max.
 pub fn encoded_table_size(table: &FieldTable, depth: usize) -> Result<usize, TooDeep> {
+    encoded_entries_size(table.iter(), depth)
+}
+
+/// The size of a table of these `entries` at `depth`, as [`encoded_table_size`] counts it.
+fn encoded_entries_size<'a>(
+    entries: impl Iterator<Item = (&'a ShortString, &'a FieldValue)>,
+    depth: usize,
+) -> Result<usize, TooDeep> {
     if depth > MAX_HEADER_DEPTH {
         return Err(TooDeep);
     }
     let mut size = 4;
-    for (key, value) in table.iter() {
+    for (key, value) in entries {
         size += 1 + key.len() + 1 + encoded_value_size(value, depth)?;
     }
     Ok(size)

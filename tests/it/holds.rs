@@ -53,6 +53,44 @@ async fn held_in(state: &State, destination: &str, held: bool) {
     .await;
 }
 
+/// `orders` (its held queue tracked), a consumer on it, and `n` failures for it at the intake.
+async fn failures_for_orders(t: &mut TestLadder, n: usize) -> (String, TestConsumer) {
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(t).held_queue(&orders));
+    let consumer = t.consume(&orders).await;
+    for i in 0..n {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}")))
+            .await;
+    }
+    (orders, consumer)
+}
+
+/// Acks what arrives, by message id, until `n` different ones did and nothing is `held` (or
+/// the wait runs out).
+async fn receive_after_healing(
+    consumer: &mut TestConsumer,
+    n: usize,
+    held: impl Fn() -> bool,
+) -> HashMap<String, usize> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + WAIT * 3;
+    while Instant::now() < deadline && (seen.len() < n || held()) {
+        if let Some(d) = next_within(consumer, Duration::from_millis(200)).await {
+            *seen.entry(message_id(&d).to_string()).or_default() += 1;
+            consumer.ack(&d);
+        }
+    }
+    seen
+}
+
+/// At least once: what a dead replica had taken but not yet acked comes again, but no message
+/// more than twice; and nothing was parked.
+async fn at_least_once_and_nothing_parked(t: &TestLadder, seen: &HashMap<String, usize>) {
+    assert!(seen.values().all(|k| *k <= 2), "none more than twice: {seen:?}");
+    eprintln!("twice: {}", seen.values().filter(|k| **k == 2).count());
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_rate_oldest_first() {
     let mut t = TestLadder::configure_with("hold", ADMIN, LADDER).await;
@@ -441,14 +479,8 @@ const AUTO: &str = "backoff = [\"100ms\"]\nmax_attempts = 100000\nallow = [\"^{n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals() {
     let mut t = TestLadder::start("holdauto", AUTO).await;
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    t.track_queue(&names(&t).held_queue(&orders));
-    let mut consumer = t.consume(&orders).await;
     let n = 20;
-    for i in 0..n {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}")))
-            .await;
-    }
+    let (orders, mut consumer) = failures_for_orders(&mut t, n).await;
     // a consumer that fails everything: each delivery goes back to the ladder as received
     let runtime = t.state.ladder("default").unwrap();
     let tripped = Instant::now();
@@ -524,14 +556,8 @@ fn probes_released(metrics: &str) -> u64 {
 async fn two_replicas_probe_once_at_the_pace_and_resume_only_after_the_consumer_heals() {
     let mut t = TestLadder::start("holdauto2", AUTO).await;
     let replica = Replica::start(&t).await;
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    t.track_queue(&names(&t).held_queue(&orders));
-    let mut consumer = t.consume(&orders).await;
     let n = 30;
-    for i in 0..n {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}")))
-            .await;
-    }
+    let (orders, mut consumer) = failures_for_orders(&mut t, n).await;
     let here = t.state.ladder("default").unwrap();
     let there = replica.2.ladder("default").unwrap();
     let held_anywhere = || here.holds.holds_back(&orders) || there.holds.holds_back(&orders);
@@ -602,15 +628,8 @@ async fn two_replicas_probe_once_at_the_pace_and_resume_only_after_the_consumer_
     }
 
     // healed: every message arrives exactly once from now on, none is parked
-    let mut seen: HashMap<String, usize> = HashMap::new();
     let healed = Instant::now();
-    let deadline = healed + WAIT * 3;
-    while Instant::now() < deadline && (seen.len() < n || held_anywhere()) {
-        if let Some(d) = next_within(&mut consumer, Duration::from_millis(200)).await {
-            *seen.entry(message_id(&d).to_string()).or_default() += 1;
-            consumer.ack(&d);
-        }
-    }
+    let seen = receive_after_healing(&mut consumer, n, held_anywhere).await;
     eprintln!("recovered {:?} after healing", healed.elapsed());
     assert_eq!(seen.len(), n, "every message delivered after healing: {seen:?}");
     assert!(!held_anywhere(), "both replicas resumed");
@@ -618,10 +637,7 @@ async fn two_replicas_probe_once_at_the_pace_and_resume_only_after_the_consumer_
         next_within(&mut consumer, Duration::from_secs(1)).await.is_none(),
         "nothing more"
     );
-    // at least once: what the dead replica had taken but not yet acked comes again
-    assert!(seen.values().all(|k| *k <= 2), "none more than twice: {seen:?}");
-    eprintln!("twice: {}", seen.values().filter(|k| **k == 2).count());
-    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    at_least_once_and_nothing_parked(&t, &seen).await;
     drop(replica);
 }
 
@@ -631,14 +647,8 @@ async fn two_replicas_probe_once_at_the_pace_and_resume_only_after_the_consumer_
 async fn when_the_prober_dies_the_other_replica_probes_and_resumes() {
     let mut t = TestLadder::start("holdauto3", AUTO).await;
     let mut replica = Some(Replica::start(&t).await);
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    t.track_queue(&names(&t).held_queue(&orders));
-    let mut consumer = t.consume(&orders).await;
     let n = 20;
-    for i in 0..n {
-        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("m{i:02}")))
-            .await;
-    }
+    let (orders, mut consumer) = failures_for_orders(&mut t, n).await;
     // fail everything until the first probe came and failed too
     let started = Instant::now();
     loop {
@@ -667,15 +677,8 @@ async fn when_the_prober_dies_the_other_replica_probes_and_resumes() {
     let runtime = survivor.ladder("default").unwrap();
     assert!(runtime.holds.holds_back(&orders), "still held after the failed probe");
     // healed: the survivor probes, resumes, and every message arrives once
-    let mut seen: HashMap<String, usize> = HashMap::new();
     let healed = Instant::now();
-    let deadline = healed + WAIT * 3;
-    while Instant::now() < deadline && (seen.len() < n || runtime.holds.holds_back(&orders)) {
-        if let Some(d) = next_within(&mut consumer, Duration::from_millis(200)).await {
-            *seen.entry(message_id(&d).to_string()).or_default() += 1;
-            consumer.ack(&d);
-        }
-    }
+    let seen = receive_after_healing(&mut consumer, n, || runtime.holds.holds_back(&orders)).await;
     eprintln!("the survivor recovered {:?} after healing", healed.elapsed());
     assert_eq!(seen.len(), n, "every message delivered after healing: {seen:?}");
     assert!(!runtime.holds.holds_back(&orders), "resumed");
@@ -683,10 +686,7 @@ async fn when_the_prober_dies_the_other_replica_probes_and_resumes() {
         probes_released(&survivor.metrics.encode()) >= 1,
         "the survivor sent the next probe"
     );
-    // at least once: what the dead replica had taken but not yet acked comes again
-    assert!(seen.values().all(|k| *k <= 2), "none more than twice: {seen:?}");
-    eprintln!("twice: {}", seen.values().filter(|k| **k == 2).count());
-    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    at_least_once_and_nothing_parked(&t, &seen).await;
     drop(replica);
 }
 

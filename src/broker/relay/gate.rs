@@ -47,7 +47,7 @@ pub(crate) struct DestinationGate {
 
 #[derive(Debug, Default)]
 struct GateState {
-    /// Destinations with a delivery in flight or waiting; an idle one has no entry.
+    /// Destinations with a delivery in flight or waiting, and up to [`KEEP_IDLE`] idle ones.
     slots: HashMap<Arc<str>, Slots, foldhash::fast::RandomState>,
     last_refusal: HashMap<String, Instant, foldhash::fast::RandomState>,
 }
