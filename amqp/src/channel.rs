@@ -215,6 +215,8 @@ struct ChannelState {
     consumers: HashMap<ShortString, mpsc::UnboundedSender<Result<Delivery>>>,
     confirms: Option<Confirms>,
     incoming: Option<Incoming>,
+    /// Headers left out of the deliveries' properties (see [`Channel::skip_header_keys`]).
+    skipped_headers: &'static [&'static str],
 }
 
 struct Call {
@@ -335,6 +337,7 @@ impl ChannelShared {
                 let (size, props) = content_header(&frame.payload)?;
                 let complete = {
                     let mut st = self.lock();
+                    let skipped = st.skipped_headers;
                     let Some(incoming) = st.incoming.as_mut() else {
                         return if st.closing || st.error.is_some() {
                             Ok(())
@@ -344,7 +347,7 @@ impl ChannelShared {
                     };
                     incoming.size = size;
                     incoming.body = Vec::with_capacity(size.min(BODY_PREALLOCATE_MAX) as usize);
-                    let mut r = Reader::new(props);
+                    let mut r = Reader::new(props).skipping(skipped);
                     incoming.properties = Some(match BasicProperties::decode(&mut r) {
                         Ok(p) => WireProperties::Decoded(Box::new(p)),
                         Err(error) => WireProperties::Raw {
@@ -706,6 +709,14 @@ impl Channel {
             Ok(_) | Err(Error::ChannelGone) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Deliveries on this channel from now on arrive without the headers keyed by one of `keys`
+    /// (top-level only): their values are stepped over undecoded. For a consumer that would
+    /// only drop them (a relay stripping the broker's dead-letter annotations); cheaper than
+    /// decoding, copying and freeing them.
+    pub fn skip_header_keys(&self, keys: &'static [&'static str]) {
+        self.shared().lock().skipped_headers = keys;
     }
 
     /// `basic.qos` for this channel's consumers.

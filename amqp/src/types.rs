@@ -601,19 +601,36 @@ pub enum DecodeError {
 pub struct Reader<'a> {
     bytes: &'a [u8],
     lossy: bool,
+    /// Keys of the outermost table whose values are skipped, not decoded.
+    skip: &'static [&'static str],
 }
 
 impl<'a> Reader<'a> {
     /// Reads from `bytes`.
     pub fn new(bytes: &'a [u8]) -> Self {
-        Reader { bytes, lossy: false }
+        Reader {
+            bytes,
+            lossy: false,
+            skip: &[],
+        }
+    }
+
+    /// The same reader, leaving out of the outermost table it reads the entries keyed by one of
+    /// `keys`: their values are skipped by their length, not decoded (nor checked for depth).
+    /// For headers a consumer would only throw away.
+    pub fn skipping(self, keys: &'static [&'static str]) -> Self {
+        Reader { skip: keys, ..self }
     }
 
     /// Reads from `bytes`, replacing a table or array nested beyond [`MAX_DEPTH`] by `Void`
     /// instead of failing (it is skipped by its length, without recursion). For reading what a
     /// message's shallow headers say when the whole could not be decoded.
     pub fn lossy(bytes: &'a [u8]) -> Self {
-        Reader { bytes, lossy: true }
+        Reader {
+            bytes,
+            lossy: true,
+            skip: &[],
+        }
     }
 
     /// What is left.
@@ -692,15 +709,37 @@ impl<'a> Reader<'a> {
         let mut inner = Reader {
             bytes: self.take(len)?,
             lossy: self.lossy,
+            skip: &[],
         };
+        let skip = if depth == 0 { self.skip } else { &[] };
         let mut entries = Vec::new();
         while !inner.is_empty() {
             let len = usize::from(inner.u8()?);
-            let key = ShortString::table_key(inner.take(len)?);
+            let key = inner.take(len)?;
+            if skip.iter().any(|k| k.as_bytes() == key) {
+                inner.skip_value()?;
+                continue;
+            }
+            let key = ShortString::table_key(key);
             let value = inner.value_at(depth)?;
             entries.push((key, value));
         }
         Ok(FieldTable(entries))
+    }
+
+    /// Steps over one field value by its type and length.
+    fn skip_value(&mut self) -> Result<(), DecodeError> {
+        let len = match self.u8()? {
+            b'V' => 0,
+            b't' | b'b' | b'B' => 1,
+            b's' | b'u' => 2,
+            b'I' | b'i' | b'f' => 4,
+            b'D' => 5,
+            b'l' | b'd' | b'T' => 8,
+            b'S' | b'x' | b'A' | b'F' => self.u32()? as usize,
+            other => return Err(DecodeError::UnknownType(other)),
+        };
+        self.take(len).map(drop)
     }
 
     fn value_at(&mut self, depth: usize) -> Result<FieldValue, DecodeError> {
@@ -737,6 +776,7 @@ impl<'a> Reader<'a> {
                 let mut inner = Reader {
                     bytes: self.take(len)?,
                     lossy: self.lossy,
+                    skip: &[],
                 };
                 let mut values = Vec::new();
                 while !inner.is_empty() {
@@ -868,6 +908,53 @@ mod tests {
         let mut r = Reader::new(&out);
         assert_eq!(r.table().unwrap(), table);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn skipped_keys_of_the_outermost_table_are_stepped_over_whatever_their_type() {
+        let table = every_type();
+        let mut out = BytesMut::new();
+        put_table(&mut out, &table);
+        // each type alone, then all but one
+        const EACH: [&str; 16] = [
+            "t", "b", "B", "s", "u", "I", "i", "l", "f", "d", "D", "S", "A", "T", "F", "V",
+        ];
+        for skipped in EACH.iter().chain(["x"].iter()) {
+            let keys: &'static [&'static str] = Box::leak(Box::new([*skipped]));
+            let mut r = Reader::new(&out).skipping(keys);
+            let read = r.table().unwrap();
+            assert!(r.is_empty());
+            let mut expected = table.clone();
+            expected.remove(skipped);
+            assert_eq!(read, expected, "{skipped}");
+        }
+        let mut r = Reader::new(&out).skipping(&EACH);
+        let read = r.table().unwrap();
+        assert_eq!(read.len(), 2, "x and the key that is not UTF-8: {read:?}");
+        assert!(read.get("x").is_some());
+        // a nested table's keys are not the headers' own: kept
+        let mut nested = FieldTable::new();
+        nested.insert(key(b"outer"), FieldValue::FieldTable(every_type()));
+        let mut out = BytesMut::new();
+        put_table(&mut out, &nested);
+        assert_eq!(Reader::new(&out).skipping(&EACH).table().unwrap(), nested);
+        // a skipped value is not decoded, so not refused for its depth either
+        let mut deep = FieldValue::Void;
+        for _ in 0..MAX_DEPTH + 2 {
+            deep = FieldValue::FieldArray(vec![deep]);
+        }
+        let mut t = FieldTable::new();
+        t.insert(key(b"x-death"), deep);
+        t.insert(key(b"kept"), FieldValue::LongInt(1));
+        let mut out = BytesMut::new();
+        put_table(&mut out, &t);
+        assert!(Reader::new(&out).table().is_err());
+        let read = Reader::new(&out).skipping(&["x-death"]).table().unwrap();
+        assert_eq!(read.get("kept"), Some(&FieldValue::LongInt(1)));
+        assert_eq!(read.len(), 1);
+        // a truncated skipped value is an error, not a panic
+        let short = &out[..out.len() - 8];
+        assert!(Reader::new(short).skipping(&["x-death"]).table().is_err());
     }
 
     #[test]

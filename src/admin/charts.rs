@@ -30,6 +30,9 @@ pub struct Series {
     pub name: String,
     /// One value per slot of the chart, oldest first.
     pub values: Vec<Option<f64>>,
+    /// For counts per slot: their sum over the chart's span, shown in the legend beside the
+    /// latest slot's (which reads 0 just after a minute begins).
+    pub total: Option<f64>,
 }
 
 /// A chart of `slots` evenly spaced points in time, the last one now.
@@ -205,6 +208,9 @@ impl Chart {
                         li class={ "s" (i) } {
                             span .swatch {} (s.name) ": "
                             b { (s.values.iter().rev().flatten().next().map_or("–".to_string(), |v| label(*v, self.unit))) }
+                            @if let Some(total) = s.total {
+                                " (" span .total { (label(total, self.unit)) } " in the last " (self.slots) " min)"
+                            }
                         }
                     }
                 }
@@ -229,6 +235,7 @@ mod tests {
                 .map(|(i, values)| Series {
                     name: format!("series {i}"),
                     values,
+                    total: None,
                 })
                 .collect(),
         }
@@ -298,6 +305,21 @@ mod tests {
         assert!(markup.contains("no data yet"), "{markup}");
         assert!(!markup.contains("<path"), "no line without data: {markup}");
         assert!(markup.contains("series 0: <b>–</b>"), "{markup}");
+    }
+
+    #[test]
+    fn a_count_per_minute_shows_its_sum_over_the_span_beside_the_latest_minute() {
+        let mut values = vec![None; 60];
+        values[50] = Some(6.0);
+        values[59] = Some(0.0);
+        let mut c = chart(vec![values], Unit::Messages);
+        c.series[0].total = Some(6.0);
+        let markup = c.render().into_string();
+        assert_well_formed(&markup);
+        assert!(
+            markup.contains("series 0: <b>0</b> (<span class=\"total\">6</span> in the last 60 min)"),
+            "{markup}"
+        );
     }
 
     #[test]

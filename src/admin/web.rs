@@ -351,6 +351,14 @@ fn ladder_charts(history: Option<&crate::admin::history::LadderHistory>) -> Mark
         Series {
             name: name.into(),
             values,
+            total: None,
+        }
+    };
+    let counted = |name: &str, value: &dyn Fn(&Point) -> Option<f64>| {
+        let s = series(name, value);
+        Series {
+            total: Some(s.values.iter().flatten().sum()),
+            ..s
         }
     };
     let chart = |title: &str, unit: Unit, series: Vec<Series>| Chart {
@@ -365,9 +373,9 @@ fn ladder_charts(history: Option<&crate::admin::history::LadderHistory>) -> Mark
             "Messages per minute",
             Unit::Messages,
             vec![
-                series("received", &|p| Some(p.received as f64)),
-                series("delivered", &|p| Some(p.delivered as f64)),
-                series("parked", &|p| Some(p.parked as f64)),
+                counted("received", &|p| Some(p.received as f64)),
+                counted("delivered", &|p| Some(p.delivered as f64)),
+                counted("parked", &|p| Some(p.parked as f64)),
             ],
         ),
         chart(

@@ -219,6 +219,9 @@ pub async fn serve(
     let channel = connection.create_channel().await.map_err(broker)?;
     channel.basic_qos(ladder.limits.prefetch).await.map_err(broker)?;
     channel.confirm_select().await.map_err(broker)?;
+    if hop == Hop::Due {
+        channel.skip_header_keys(protocol::DEAD_LETTER_ANNOTATIONS);
+    }
     let queue = ladder.queue(hop);
     let mut consumer = channel
         .basic_consume(queue, "", false, FieldTable::new())

@@ -3,6 +3,8 @@
 //! Pure: no I/O, no clocks. Everything here is decided from a validated [`LadderSpec`]
 //! and numbers handed in by the caller, so it is unit-tested without a broker.
 
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use regex::RegexSet;
@@ -242,6 +244,35 @@ pub struct LadderSpec {
     pub release_rate: crate::model::lot::pace::Rate,
     /// The automatic hold, if on.
     pub auto_hold: Option<crate::model::holds::AutoHoldPolicy>,
+    /// `allow`'s verdicts on the destinations seen, shared by the spec's clones.
+    verdicts: Arc<Verdicts>,
+}
+
+/// The allow-list's verdicts on the destinations seen, so the regexes run once per destination
+/// rather than on every hop of every message. At most [`Verdicts::KEPT`] are kept; past that a
+/// new destination is matched each time (a bounded memory, whatever the senders name).
+#[derive(Debug, Default)]
+struct Verdicts(RwLock<HashMap<Box<str>, bool, foldhash::fast::RandomState>>);
+
+impl Verdicts {
+    const KEPT: usize = 4096;
+
+    fn allows(&self, allow: &RegexSet, queue: &str) -> bool {
+        let read = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(verdict) = read.get(queue) {
+            return *verdict;
+        }
+        let full = read.len() >= Self::KEPT;
+        drop(read);
+        let verdict = allow.is_match(queue);
+        if !full {
+            let mut write = self.0.write().unwrap_or_else(PoisonError::into_inner);
+            if write.len() < Self::KEPT {
+                write.insert(queue.into(), verdict);
+            }
+        }
+        verdict
+    }
 }
 
 /// The release rate of a resume that names none: gentle, so a recovering service is not
@@ -281,6 +312,7 @@ impl LadderSpec {
             senders: None,
             release_rate: DEFAULT_RELEASE_RATE,
             auto_hold: None,
+            verdicts: Arc::default(),
         };
         spec.set_exact_delays(true);
         spec
@@ -357,7 +389,7 @@ impl LadderSpec {
 
     /// Whether this ladder may deliver to `queue`.
     pub fn allows(&self, queue: &str) -> bool {
-        self.allow.is_match(queue)
+        self.verdicts.allows(&self.allow, queue)
     }
 
     fn step_by_delay(&self, delay: Duration) -> &Tier {
@@ -393,6 +425,22 @@ pub fn compact_duration(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_allow_lists_verdicts_are_kept_for_a_bounded_number_of_destinations() {
+        let spec = ladder(&[1000], 3);
+        let copy = spec.clone();
+        for _ in 0..2 {
+            assert!(spec.allows("orders") && copy.allows("orders"));
+            assert!(!spec.allows("orders2") && !copy.allows("billing"));
+        }
+        for i in 0..Verdicts::KEPT + 100 {
+            assert!(!spec.allows(&format!("q{i}")));
+        }
+        assert_eq!(spec.verdicts.0.read().unwrap().len(), Verdicts::KEPT, "bounded");
+        // past the bound, a destination is still matched: the verdicts stay right
+        assert!(spec.allows("orders") && !spec.allows("orders3") && !spec.allows("q999999"));
+    }
 
     fn ladder(steps: &[u64], max_attempts: u32) -> LadderSpec {
         LadderSpec::new(

@@ -565,7 +565,7 @@ impl HopContext<'_> {
             exchange,
             routing_key,
             properties: republished_properties(props, out),
-            destination: target.key(),
+            destination: target.into_key(),
             attempt: 0,
             late_ms: 0,
             due_at_ms: due_at,
@@ -658,7 +658,7 @@ impl HopContext<'_> {
                 exchange: self.names.tiers_exchange.clone(),
                 routing_key: tier.name.clone(),
                 properties: republished_properties(props, out),
-                destination: target.key(),
+                destination: target.into_key(),
                 attempt: attempts.unwrap_or(0),
                 late_ms: 0,
                 due_at_ms: due,
@@ -693,7 +693,7 @@ impl HopContext<'_> {
             exchange,
             routing_key,
             properties: republished_properties(props, out),
-            destination: target.key(),
+            destination: target.into_key(),
             attempt: attempts.unwrap_or(0),
             late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
             due_at_ms: 0,
@@ -1021,7 +1021,7 @@ fn push_decimal(text: &mut String, mut n: u64) {
             break;
         }
     }
-    text.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    text.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// A `retry-to` value as a queue name, or what is wrong with it.
@@ -1053,6 +1053,20 @@ pub fn is_stripped(key: &[u8]) -> bool {
     ) || key.starts_with(b"x-first-death-")
         || key.starts_with(b"x-last-death-")
 }
+
+/// The broker's dead-letter annotations, which the due hop neither reads nor republishes
+/// ([`is_stripped`]): its channel steps over them undecoded (`Channel::skip_header_keys`), as
+/// decoding, copying and freeing `x-death` was a tenth of the relay's work per retry. The intake
+/// and the quarantine read them (dead-letter mode, the reason a message was dead-lettered).
+pub const DEAD_LETTER_ANNOTATIONS: &[&str] = &[
+    header::X_DEATH,
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+];
 
 /// What the intake writes into a retry's headers (and `retry-delay` and `retry-deferrals`,
 /// which it drops; `retry-reason` is written whenever it was received): none of them is
@@ -1265,9 +1279,9 @@ impl Target {
     }
 
     /// The key its in-flight bound and its logs use: the queue's name, or `exchange:<name>`.
-    fn key(&self) -> String {
+    fn into_key(self) -> String {
         match self {
-            Target::Queue(queue) => queue.clone(),
+            Target::Queue(queue) => queue,
             Target::Exchange(exchange) => format!("exchange:{exchange}"),
         }
     }
@@ -1557,6 +1571,14 @@ mod tests {
 
     fn header<'a>(p: &'a BasicProperties, key: &str) -> Option<&'a FieldValue> {
         p.headers.as_ref()?.get(key)
+    }
+
+    #[test]
+    fn the_annotations_the_due_hop_skips_are_ones_every_hop_strips() {
+        for key in DEAD_LETTER_ANNOTATIONS {
+            assert!(is_stripped(key.as_bytes()), "{key}");
+        }
+        assert!(!DEAD_LETTER_ANNOTATIONS.iter().any(|k| k.starts_with("retry-")));
     }
 
     fn death(queue: &str) -> FieldValue {

@@ -62,8 +62,27 @@ async fn the_overview_charts_the_last_hour_and_says_the_accounting_in_words() {
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     t.start_service().await;
     let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let browser = Browser::start().await;
+    step("the laptop's window", browser.client.set_window_size(WIDTH, HEIGHT)).await;
+    let overview = admin.url("/?refresh=off");
+    let section = format!("section.ladder[data-ladder=\"{}\"]", t.ladder);
     // the poller's first sample is the history's baseline: traffic after it is charted
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually_ok("the poller's first sample", WAIT, async || {
+        browser.goto(&overview).await;
+        let charts = browser.find_all(&format!("{section} figure.chart")).await.len();
+        let empty = browser
+            .find_all(&format!("{section} figure.chart:nth-child(1) text.empty"))
+            .await;
+        if charts == 3 && empty.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{charts} charts, the first without data: {}",
+                !empty.is_empty()
+            ))
+        }
+    })
+    .await;
     for i in 0..6 {
         let props = message(&format!("console-m{i}"), &orders, i % 3 == 0);
         t.publish(&t.intake(), "", format!("order {i}").as_bytes(), props).await;
@@ -79,17 +98,19 @@ async fn the_overview_charts_the_last_hour_and_says_the_accounting_in_words() {
         consumer.ack(&delivery);
     }
 
-    let browser = Browser::start().await;
-    step("the laptop's window", browser.client.set_window_size(WIDTH, HEIGHT)).await;
-    let overview = admin.url("/?refresh=off");
     browser.goto(&overview).await;
     assert_eq!(browser.status().await, 200);
-    let section = format!("section.ladder[data-ladder=\"{}\"]", t.ladder);
-    // the charts follow the poller (100 ms here): reload until the deliveries are charted
+    // the charts follow the poller (100 ms here): reload until the deliveries are charted;
+    // the legend's sums over the hour, as a new minute may have begun since the traffic
     eventually_ok("the chart shows the deliveries", WAIT, async || {
         browser.goto(&overview).await;
         let legend = browser.text(&format!("{section} ul.legend")).await;
-        if legend.contains("delivered: 4") && legend.contains("parked: 2") {
+        let counted = |name: &str, n: u32| {
+            legend
+                .lines()
+                .any(|l| l.starts_with(&format!("{name}: ")) && l.ends_with(&format!("({n} in the last 60 min)")))
+        };
+        if counted("received", 6) && counted("delivered", 4) && counted("parked", 2) {
             Ok(())
         } else {
             Err(legend)
