@@ -92,9 +92,21 @@ impl SharedKeys {
     }
 }
 
-/// The keys RabbitMQ writes into the headers of a dead-lettered message.
-const BROKER_KEYS: &[&str] = &[
+/// The headers RabbitMQ adds to a message it dead-letters: the `x-death` table and the
+/// first and last death's exchange, queue and reason (4.x).
+pub const DEAD_LETTER_HEADERS: &[&str] = &[
     "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+];
+
+/// The other keys RabbitMQ writes into a message's headers: those inside an `x-death` entry,
+/// and the quorum queues' delivery counters.
+const BROKER_KEYS: &[&str] = &[
     "count",
     "exchange",
     "queue",
@@ -102,12 +114,6 @@ const BROKER_KEYS: &[&str] = &[
     "routing-keys",
     "time",
     "original-expiration",
-    "x-first-death-exchange",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-last-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
     "x-delivery-count",
     "x-acquired-count",
 ];
@@ -116,8 +122,9 @@ const BROKER_KEYS: &[&str] = &[
 /// each: a program that reads and writes the same few header names on every message names them
 /// once at start. Only the first call has an effect; returns whether this one did.
 pub fn share_table_keys(keys: &[&'static str]) -> bool {
-    let all = BROKER_KEYS
+    let all = DEAD_LETTER_HEADERS
         .iter()
+        .chain(BROKER_KEYS)
         .chain(keys)
         .filter(|k| k.len() <= 255)
         .map(|k| k.as_bytes());
@@ -1085,7 +1092,11 @@ mod tests {
 
     #[test]
     fn shared_keys_are_found_and_others_are_not() {
-        let keys: Vec<&'static [u8]> = BROKER_KEYS.iter().map(|k| k.as_bytes()).collect();
+        let keys: Vec<&'static [u8]> = DEAD_LETTER_HEADERS
+            .iter()
+            .chain(BROKER_KEYS)
+            .map(|k| k.as_bytes())
+            .collect();
         let shared = SharedKeys::new(keys.iter().copied().chain([&b""[..], b"a", b"retry-to"]));
         for key in keys.iter().chain(&[&b""[..], b"a", b"retry-to"]) {
             assert_eq!(shared.get(key), Some(*key), "{key:?}");

@@ -220,7 +220,11 @@ pub async fn serve(
     channel.basic_qos(ladder.limits.prefetch).await.map_err(broker)?;
     channel.confirm_select().await.map_err(broker)?;
     if hop == Hop::Due {
-        channel.skip_header_keys(protocol::DEAD_LETTER_ANNOTATIONS);
+        // The due hop neither reads nor republishes the broker's dead-letter annotations (every
+        // hop strips them, `protocol::is_stripped`): stepped over undecoded, as decoding,
+        // copying and freeing `x-death` was a tenth of the work per retry. The intake and the
+        // quarantine read them (dead-letter mode, why a message was dead-lettered).
+        channel.skip_header_keys(ladder_amqp::DEAD_LETTER_HEADERS);
     }
     let queue = ladder.queue(hop);
     let mut consumer = channel

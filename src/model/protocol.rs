@@ -1054,20 +1054,6 @@ pub fn is_stripped(key: &[u8]) -> bool {
         || key.starts_with(b"x-last-death-")
 }
 
-/// The broker's dead-letter annotations, which the due hop neither reads nor republishes
-/// ([`is_stripped`]): its channel steps over them undecoded (`Channel::skip_header_keys`), as
-/// decoding, copying and freeing `x-death` was a tenth of the relay's work per retry. The intake
-/// and the quarantine read them (dead-letter mode, the reason a message was dead-lettered).
-pub const DEAD_LETTER_ANNOTATIONS: &[&str] = &[
-    header::X_DEATH,
-    "x-first-death-exchange",
-    "x-first-death-queue",
-    "x-first-death-reason",
-    "x-last-death-exchange",
-    "x-last-death-queue",
-    "x-last-death-reason",
-];
-
 /// What the intake writes into a retry's headers (and `retry-delay` and `retry-deferrals`,
 /// which it drops; `retry-reason` is written whenever it was received): none of them is
 /// carried over as received.
@@ -1575,10 +1561,10 @@ mod tests {
 
     #[test]
     fn the_annotations_the_due_hop_skips_are_ones_every_hop_strips() {
-        for key in DEAD_LETTER_ANNOTATIONS {
+        for key in ladder_amqp::DEAD_LETTER_HEADERS {
             assert!(is_stripped(key.as_bytes()), "{key}");
         }
-        assert!(!DEAD_LETTER_ANNOTATIONS.iter().any(|k| k.starts_with("retry-")));
+        assert!(!ladder_amqp::DEAD_LETTER_HEADERS.iter().any(|k| k.starts_with("retry-")));
     }
 
     fn death(queue: &str) -> FieldValue {
