@@ -150,18 +150,16 @@ impl HopTrace {
     }
 
     /// Adds what the hop decided to the process span.
-    pub fn decided(&self, decision: &Decision) {
+    pub fn decided(&self, decision: &Decision, received: &BasicProperties) {
         let span = self.process.span();
         match decision {
             Decision::Forward(f) => {
                 span.set_attribute(KeyValue::new("ladder.attempt", f.attempt as i64));
                 span.set_attribute(KeyValue::new("ladder.destination", f.destination.clone()));
-                if let Some(FieldValue::LongLongInt(due)) =
-                    f.properties.headers.as_ref().and_then(|h| h.get(header::RETRY_DUE_AT))
-                {
+                if let Some(FieldValue::LongLongInt(due)) = f.header(received, header::RETRY_DUE_AT) {
                     span.set_attribute(KeyValue::new("ladder.due_at_ms", *due));
                 }
-                if let Some(tier) = f.properties.headers.as_ref().and_then(|h| h.get(header::RETRY_TIER)) {
+                if let Some(tier) = f.header(received, header::RETRY_TIER) {
                     span.set_attribute(KeyValue::new("ladder.tier", as_text(tier).unwrap_or("").to_string()));
                 }
             }

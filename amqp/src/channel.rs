@@ -28,7 +28,7 @@ use crate::frame::{self, FRAME_OVERHEAD, Frame};
 use crate::io::{Endpoint, Io, Link, content_header, put_content_header};
 use crate::method::{Close, Method, put_publish};
 use crate::properties::{BasicProperties, WireProperties};
-use crate::types::{DecodeError, FieldTable, Reader, ShortString};
+use crate::types::{Carried, DecodeError, FieldTable, Reader, ShortString};
 
 /// A delivery from a consumer.
 #[derive(Debug, Clone)]
@@ -951,13 +951,29 @@ impl Channel {
         properties: &BasicProperties,
         body: &[u8],
     ) -> Result<PublishConfirm> {
+        self.basic_publish_carrying(exchange, routing_key, mandatory, properties, None, body)
+    }
+
+    /// [`basic_publish`](Self::basic_publish) with headers carried over from another table
+    /// (a delivery's) before the properties' own: a relay republishes what it received
+    /// without copying the table first. The return fingerprint is the same as for
+    /// `basic_publish` (it reads no headers).
+    pub fn basic_publish_carrying(
+        &self,
+        exchange: impl AsRef<[u8]>,
+        routing_key: impl AsRef<[u8]>,
+        mandatory: bool,
+        properties: &BasicProperties,
+        carried: Option<Carried<'_>>,
+        body: &[u8],
+    ) -> Result<PublishConfirm> {
         self.publish_with(
             exchange.as_ref(),
             routing_key.as_ref(),
             mandatory,
             properties,
             body,
-            |out| properties.encode(out),
+            |out| properties.encode_carrying(out, carried.as_ref()),
         )
     }
 

@@ -39,5 +39,7 @@ pub use connection::{ConnectOptions, Connection};
 pub use error::{CloseReason, Error, Result};
 pub use properties::BasicProperties;
 pub use tls::TlsOptions;
-pub use types::{DEAD_LETTER_HEADERS, Decimal, FieldTable, FieldValue, LongString, ShortString, share_table_keys};
+pub use types::{
+    Carried, DEAD_LETTER_HEADERS, Decimal, FieldTable, FieldValue, LongString, ShortString, share_table_keys,
+};
 pub use uri::AmqpUri;

@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use crate::types::{DecodeError, FieldTable, Reader, ShortString, put_short_string, put_table};
+use crate::types::{Carried, DecodeError, FieldTable, Reader, ShortString, put_short_string, put_tables};
 
 /// The properties of a message. Every field is optional; absent ones are not sent.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -57,6 +57,12 @@ const CONTINUATION: u16 = 1;
 impl BasicProperties {
     /// Appends the property flags and list (the content header after class, weight and size).
     pub fn encode(&self, out: &mut BytesMut) {
+        self.encode_carrying(out, None);
+    }
+
+    /// [`encode`](Self::encode), with the headers of `carried` that it keeps written before
+    /// (and as part of) this property list's own headers.
+    pub fn encode_carrying(&self, out: &mut BytesMut, carried: Option<&Carried<'_>>) {
         let mut flags = 0u16;
         let at = out.len();
         out.put_u16(0);
@@ -68,9 +74,9 @@ impl BasicProperties {
         };
         short(CONTENT_TYPE, &self.content_type, out);
         short(CONTENT_ENCODING, &self.content_encoding, out);
-        if let Some(h) = &self.headers {
+        if carried.is_some() || self.headers.is_some() {
             flags |= HEADERS;
-            put_table(out, h);
+            put_tables(out, carried, self.headers.as_ref());
         }
         if let Some(v) = self.delivery_mode {
             flags |= DELIVERY_MODE;
@@ -278,6 +284,22 @@ impl BasicProperties {
         }
     }
 
+    /// A copy whose headers are those `carried` keeps, then its own: what
+    /// [`encode_carrying`](Self::encode_carrying) writes, as properties of their own.
+    pub fn with_carried(&self, carried: &Carried<'_>) -> Self {
+        let own = self.headers.iter().flat_map(FieldTable::iter);
+        BasicProperties {
+            headers: Some(
+                carried
+                    .entries()
+                    .chain(own)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+            ..self.clone_without_headers()
+        }
+    }
+
     /// The headers, or an empty table.
     pub fn headers_or_empty(&self) -> std::borrow::Cow<'_, FieldTable> {
         match &self.headers {
@@ -354,5 +376,59 @@ mod tests {
             p,
             "everything else is kept"
         );
+    }
+
+    #[test]
+    fn carried_headers_encode_as_one_table_with_the_own_ones_after() {
+        let mut received = FieldTable::new();
+        received.insert(ShortString::new(&b"x-death"[..]).unwrap(), FieldValue::LongInt(1));
+        received.insert(ShortString::new(&b"k\xff"[..]).unwrap(), FieldValue::LongInt(2));
+        received.insert(ShortString::new(&b"kept"[..]).unwrap(), FieldValue::Boolean(true));
+        let keep = |k: &[u8]| k != b"x-death";
+        let carried = Carried {
+            table: &received,
+            keep: &keep,
+        };
+        let mut own = FieldTable::new();
+        own.insert(ShortString::new(&b"own"[..]).unwrap(), FieldValue::LongInt(3));
+        let decoded = |p: &BasicProperties, carried: Option<&Carried<'_>>| {
+            let mut out = BytesMut::new();
+            p.encode_carrying(&mut out, carried);
+            let mut r = Reader::new(&out);
+            let decoded = BasicProperties::decode(&mut r).unwrap();
+            assert!(r.is_empty());
+            decoded
+        };
+        let p = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(own.clone());
+        let key = |k: &[u8]| ShortString::new(k).unwrap();
+        let expected = vec![
+            (key(b"k\xff"), FieldValue::LongInt(2)),
+            (key(b"kept"), FieldValue::Boolean(true)),
+            (key(b"own"), FieldValue::LongInt(3)),
+        ];
+        let got = decoded(&p, Some(&carried));
+        let entries: Vec<(ShortString, FieldValue)> = got.headers.clone().unwrap().into_iter().collect();
+        assert_eq!(entries, expected, "the kept entries in their order, then the own ones");
+        assert_eq!(got.delivery_mode, Some(2));
+        assert_eq!(carried.entries().count(), 2);
+        assert_eq!(p.with_carried(&carried), got, "the same properties, made as a copy");
+
+        // no own headers: the carried ones alone; nothing kept: an empty table, not none
+        let bare = BasicProperties::default();
+        assert_eq!(decoded(&bare, Some(&carried)).headers.unwrap().len(), 2);
+        let none = |_: &[u8]| false;
+        let nothing = Carried {
+            table: &received,
+            keep: &none,
+        };
+        assert_eq!(decoded(&bare, Some(&nothing)).headers, Some(FieldTable::new()));
+        // without carried headers: as `encode`
+        let mut plain = BytesMut::new();
+        p.encode(&mut plain);
+        let mut carrying = BytesMut::new();
+        p.encode_carrying(&mut carrying, None);
+        assert_eq!(plain, carrying);
     }
 }

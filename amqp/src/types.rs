@@ -820,12 +820,51 @@ pub fn put_long_bytes(out: &mut BytesMut, bytes: &[u8]) {
     out.put_slice(bytes);
 }
 
+/// Headers a publish carries over from another table (a delivery's) without copying it: the
+/// entries of `table` for whose key `keep` says yes, in their order, written before the
+/// publish's own headers ([`Channel::basic_publish_carrying`](crate::Channel::basic_publish_carrying)).
+#[derive(Clone, Copy)]
+pub struct Carried<'a> {
+    /// The table the entries come from.
+    pub table: &'a FieldTable,
+    /// Whether an entry with this key is carried over.
+    pub keep: &'a dyn Fn(&[u8]) -> bool,
+}
+
+impl Carried<'_> {
+    /// The entries carried over.
+    pub fn entries(&self) -> impl Iterator<Item = (&ShortString, &FieldValue)> + '_ {
+        self.table.iter().filter(|(k, _)| (self.keep)(k.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for Carried<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.entries()).finish()
+    }
+}
+
 /// Writes `table`.
 pub fn put_table(out: &mut BytesMut, table: &FieldTable) {
-    out.reserve(table.encoded_len());
+    put_tables(out, None, Some(table));
+}
+
+/// Writes one table: the entries `carried` keeps, then those of `own`.
+pub(crate) fn put_tables(out: &mut BytesMut, carried: Option<&Carried<'_>>, own: Option<&FieldTable>) {
+    // room for the own entries; carried ones (a relay's) are not measured first: walking them
+    // twice cost more than the buffer's rare growth
+    out.reserve(4 + own.map_or(0, FieldTable::encoded_len));
     let at = out.len();
     out.put_u32(0);
-    for (key, value) in &table.0 {
+    if let Some(carried) = carried {
+        for (key, value) in &carried.table.0 {
+            if (carried.keep)(key.as_bytes()) {
+                put_short_string(out, key);
+                put_value(out, value);
+            }
+        }
+    }
+    for (key, value) in own.into_iter().flat_map(|t| &t.0) {
         put_short_string(out, key);
         put_value(out, value);
     }

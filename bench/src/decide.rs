@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Result, anyhow};
 use ladder::broker::topology::Names;
-use ladder::model::protocol::{Decision, HopContext};
+use ladder::model::protocol::{Arrival, Decision, HopContext};
 use ladder_amqp::{BasicProperties, FieldTable};
 
 use crate::broker::text;
@@ -48,14 +48,21 @@ pub fn run(args: DecideArgs) -> Result<()> {
         .with_delivery_mode(2)
         .with_content_type("text/plain")
         .with_headers(headers);
+    // what the due hop receives: the intake's forward as the tier passes it on (made once; the
+    // service publishes it without making this copy)
+    let Decision::Forward(first) = ctx.intake(&props, 1_763_766_000_000) else {
+        return Err(anyhow!("the intake parked a good message"));
+    };
+    let waited = first.properties;
     let started = Instant::now();
     let mut forwarded = 0u64;
     for i in 0..args.n {
         let now = 1_763_766_000_000 + i;
-        let Decision::Forward(f) = ctx.intake(black_box(&props), now) else {
+        let Decision::Forward(f) = ctx.intake_at(black_box(&props), &Arrival::at(now)) else {
             return Err(anyhow!("the intake parked a good message"));
         };
-        if let Decision::Forward(g) = ctx.due(black_box(&f.properties), now + 1000) {
+        black_box(f);
+        if let Decision::Forward(g) = ctx.due_at(black_box(&waited), &Arrival::at(now + 1000)) {
             forwarded += 1;
             black_box(g);
         }

@@ -44,8 +44,13 @@ const FOLLOW_MARKER_FORMAT: &str = "ladder.holds-marker/v1";
 /// Records in flight to the follower before it acks.
 const PREFETCH: u16 = 500;
 
-/// How often the releaser compares the drains it runs with the holds, and polls the breaker.
+/// How often the releaser polls the breaker of an automatic hold (and compares the drains it
+/// runs with the holds, which it also does at once when a hold record changed them).
 const RELEASER_TICK: Duration = Duration::from_millis(200);
+
+/// Without an automatic hold, the releaser acts on the holds' changes as it is told of them;
+/// it also compares every this often, as a net (an idle ladder wakes for nothing else).
+const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 
 /// A drain that received nothing for this long looks whether its held queue is empty (to end a
 /// release).
@@ -215,7 +220,7 @@ pub fn format_rate(rate: Rate) -> String {
 pub async fn snapshot(connection: &Connection, names: &Names, spec: &LadderSpec) -> Result<Holds, HoldError> {
     let shared = SharedHolds::default();
     let stop = CancellationToken::new();
-    let following = follow(connection, names, spec, &shared, None, &stop);
+    let following = follow(connection, names, spec, &shared, None, None, &stop);
     tokio::pin!(following);
     let deadline = tokio::time::sleep(REQUEST_TIMEOUT);
     tokio::pin!(deadline);
@@ -245,6 +250,7 @@ pub async fn follow(
     spec: &LadderSpec,
     holds: &SharedHolds,
     metrics: Option<&crate::metrics::HoldMetrics>,
+    changed_notify: Option<&tokio::sync::Notify>,
     stop: &CancellationToken,
 ) -> Result<(), HoldError> {
     holds.set_caught_up(false);
@@ -289,6 +295,9 @@ pub async fn follow(
                         }
                     }
                     let changed = holds.apply(&record, spec.release_rate);
+                    if changed && let Some(notify) = changed_notify {
+                        notify.notify_one();
+                    }
                     if let Some(metrics) = metrics {
                         metrics.held.set(holds.snapshot().held_count() as i64);
                         if changed && holds.caught_up() {
@@ -343,7 +352,10 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
     let mut tasks: JoinSet<String> = JoinSet::new();
     // free destinations whose straggler drain ended, by the change it was for
     let mut drained_free: HashMap<String, u64> = HashMap::new();
-    let mut tick = tokio::time::interval(RELEASER_TICK);
+    let mut tick = tokio::time::interval(match ladder.spec.auto_hold {
+        Some(_) => RELEASER_TICK,
+        None => RECONCILE_EVERY,
+    });
     // this replica, as the prober of an automatic hold
     let me = crate::clock::unique_id("releaser");
     loop {
@@ -359,6 +371,7 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
                 }
                 continue;
             }
+            () = ladder.holds_changed.notified() => {}
             _ = tick.tick() => {}
         }
         let holds = ladder.holds.snapshot();
@@ -754,9 +767,10 @@ async fn release_one(
             }
             Confirmation::Returned(returned) => {
                 let forward = Forward {
-                    exchange: String::new(),
+                    exchange: "".into(),
                     routing_key: destination.into(),
                     properties: delivery.properties.clone(),
+                    carry: None,
                     destination: destination.into(),
                     attempt: 0,
                     late_ms: 0,

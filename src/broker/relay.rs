@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use ladder_amqp::{BasicProperties, Channel, Confirmation, Connection, Delivery, FieldTable, ShortString};
+use ladder_amqp::{BasicProperties, Carried, Channel, Confirmation, Connection, Delivery, FieldTable, ShortString};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -84,6 +84,9 @@ pub struct LadderRuntime {
     pub cancels: Arc<SharedCancellations>,
     /// The ladder's destination holds (filled by `broker::holds::follow`).
     pub holds: Arc<SharedHolds>,
+    /// Told by `broker::holds::follow` when a record changed the holds: the releaser acts on
+    /// it at once, and without an automatic hold it waits for nothing else.
+    pub holds_changed: tokio::sync::Notify,
     /// Deliveries and failures per destination as this replica sees them: the automatic hold's
     /// breaker (polled by `broker::holds::run_releaser` when `auto_hold` is on) and the busiest
     /// destinations of the web page.
@@ -111,6 +114,7 @@ impl LadderRuntime {
             telemetry,
             cancels: Arc::default(),
             holds: Arc::default(),
+            holds_changed: tokio::sync::Notify::new(),
             breaker: std::sync::Mutex::new(Breaker::new(policy)),
             probe_failures: std::sync::Mutex::default(),
         }
@@ -240,7 +244,11 @@ pub async fn serve(
     // deliveries beyond a busy destination's bound may wait for its slots, in what of the
     // prefetch its bound leaves
     let waiting = usize::from(ladder.limits.prefetch).saturating_sub(limit);
-    let gate = Arc::new(DestinationGate::new(limit, waiting, BUSY_WAIT));
+    let gate = DestinationGate::new(limit, waiting, BUSY_WAIT);
+    // what every delivery's future uses, borrowed from this loop rather than each holding a
+    // reference count: the ladder's is shared with its other loops on other threads, and two
+    // atomic updates of it per delivery made that cache line travel between the cores
+    let (ladder, channel, gate) = (&*ladder, &channel, &gate);
     let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
     // A one-shot told by a task of its own when `shutdown` fires: the loop polls it after every
     // delivery, and a one-shot's poll is one atomic load, where a token's `cancelled()` takes
@@ -259,7 +267,7 @@ pub async fn serve(
             Some(settled) = in_flight.next() => { let settled: ladder_amqp::Result<()> = settled; settled.map_err(broker)? }
             _ = &mut stopping => break,
             next = consumer.next() => match next {
-                Some(Ok(delivery)) => in_flight.push(handle(hop, ladder.clone(), channel.clone(), gate.clone(), delivery)),
+                Some(Ok(delivery)) => in_flight.push(handle(hop, ladder, channel, gate, delivery)),
                 Some(Err(source)) => return Err(broker(source)),
                 None => return Err(RelayError::Cancelled { hop, ladder: ladder.spec.name.clone() }),
             },
@@ -293,13 +301,13 @@ pub async fn serve(
 /// passed, and as its locals), and the delivery alone is some 700 bytes of the future allocated
 /// for every delivery.
 #[allow(clippy::manual_async_fn, reason = "an async fn would keep the delivery twice")]
-fn handle(
+fn handle<'a>(
     hop: Hop,
-    ladder: Arc<LadderRuntime>,
-    channel: Channel,
-    gate: Arc<DestinationGate>,
+    ladder: &'a LadderRuntime,
+    channel: &'a Channel,
+    gate: &'a DestinationGate,
     delivery: Delivery,
-) -> impl Future<Output = ladder_amqp::Result<()>> {
+) -> impl Future<Output = ladder_amqp::Result<()>> + 'a {
     async move {
         let started = Instant::now();
         let metrics = ladder.metrics.hop(hop);
@@ -308,7 +316,7 @@ fn handle(
         if hop == Hop::Intake && !delivery.redelivered {
             ladder.metrics.entered.inc();
         }
-        let handled = AssertUnwindSafe(settle(hop, &ladder, &channel, &gate, &delivery))
+        let handled = AssertUnwindSafe(settle(hop, ladder, channel, gate, &delivery))
             .catch_unwind()
             .await;
         match handled {
@@ -329,7 +337,7 @@ fn handle(
                     history: Vec::new(),
                     replayed_from: None,
                 };
-                Box::pin(park_until_confirmed(hop, &ladder, &channel, &delivery, &park, None)).await?;
+                Box::pin(park_until_confirmed(hop, ladder, channel, &delivery, &park, None)).await?;
             }
         }
         channel.basic_ack(delivery.delivery_tag, false)?;
@@ -340,15 +348,15 @@ fn handle(
 
 /// The publish that settles one delivery, as it evolves: a refused delivery is deferred, a
 /// returned one parked.
-enum Step {
+enum Step<'a> {
     /// Intake: into a tier.
-    Schedule(Box<Forward>),
+    Schedule(Box<Forward<'a>>),
     /// Due: to the destination, holding one of its in-flight slots.
-    Deliver(Box<Forward>, GatePermit),
+    Deliver(Box<Forward<'a>>, GatePermit),
     /// Due: back into a tier.
     Defer(DeferReason),
     /// Due: into the held queue of its destination (held, or releasing), no attempt counted.
-    Hold(Box<Forward>),
+    Hold(Box<Forward<'a>>),
     /// Into the parking lot.
     Park(Park),
 }
@@ -384,7 +392,7 @@ async fn settle(
         Some(raw) => Decision::Park(protocol::undecodable(&raw.error, raw.lossy.as_ref().map(decide))),
     };
     if let Some(trace) = &trace {
-        trace.decided(&decision);
+        trace.decided(&decision, props);
     }
     let trace = trace.as_ref();
     let mut step = match decision {
@@ -423,32 +431,32 @@ async fn settle(
     loop {
         let publish = match &step {
             Step::Schedule(forward) | Step::Deliver(forward, _) => {
-                publish_confirmed(
+                publish_forward(
                     channel,
                     trace,
                     &forward.exchange,
                     &forward.routing_key,
-                    &delivery.body,
-                    &forward.properties,
+                    delivery,
+                    forward,
                 )?
                 .await?
             }
             Step::Hold(forward) => {
                 let queue = ladder.names.held_queue(&forward.destination);
-                publish_confirmed(channel, trace, "", &queue, &delivery.body, &forward.properties)?.await?
+                publish_forward(channel, trace, "", &queue, delivery, forward)?.await?
             }
             Step::Defer(reason) => {
                 // made and published in a block of its own, so it is not kept across the wait
                 let confirmed = {
                     let forward = ladder.context().defer(props, *reason, now_ms());
                     deferred_due_ms = forward.due_at_ms;
-                    publish_confirmed(
+                    publish_forward(
                         channel,
                         trace,
                         &forward.exchange,
                         &forward.routing_key,
-                        &delivery.body,
-                        &forward.properties,
+                        delivery,
+                        &forward,
                     )
                 };
                 confirmed?.await?
@@ -588,7 +596,16 @@ async fn park_one(
             headers: Some(headers),
             ..Default::default()
         };
-        let stored = publish_confirmed(channel, trace, "", &ladder.names.parked, &delivery.body, &properties)?.await?;
+        let stored = publish_confirmed(
+            channel,
+            trace,
+            "",
+            &ladder.names.parked,
+            &delivery.body,
+            &properties,
+            None,
+        )?
+        .await?;
         if stored != Confirmation::Ack {
             error!(ladder = %ladder.spec.name, parked = %ladder.names.parked, "the parking lot refused a body record; holding the message and parking again");
             return Ok(stored);
@@ -627,7 +644,7 @@ async fn park_one(
         message_id: delivery.properties.message_id.clone(),
         ..Default::default()
     };
-    let confirmation = publish_confirmed(channel, trace, "", &ladder.names.parked, &body, &properties)?.await?;
+    let confirmation = publish_confirmed(channel, trace, "", &ladder.names.parked, &body, &properties, None)?.await?;
     if let Confirmation::Ack = confirmation {
         ladder.metrics.parked(reason);
         if let Some(trace) = trace {
@@ -654,6 +671,31 @@ async fn park_one(
     Ok(confirmation)
 }
 
+/// Publishes `forward` of `delivery` to `exchange` with `routing_key` (the forward's own, or a
+/// held queue), its headers written from the delivery's as it carries them over
+/// ([`Forward::carry`]), not copied first; see [`publish_confirmed`].
+fn publish_forward(
+    channel: &Channel,
+    trace: Option<&HopTrace>,
+    exchange: &str,
+    routing_key: &str,
+    delivery: &Delivery,
+    forward: &Forward<'_>,
+) -> ladder_amqp::Result<impl Future<Output = ladder_amqp::Result<Confirmation>> + use<>> {
+    let carried = forward.carry.zip(delivery.properties.headers.as_ref());
+    let keep = |key: &[u8]| carried.is_some_and(|(carry, _)| carry.keeps(key));
+    let carried = carried.map(|(_, table)| Carried { table, keep: &keep });
+    publish_confirmed(
+        channel,
+        trace,
+        exchange,
+        routing_key,
+        &delivery.body,
+        &forward.properties,
+        carried,
+    )
+}
+
 /// Publishes persistent and mandatory, and returns the wait for the broker's confirm, which
 /// traces the send. The frames are written before it returns, so the wait borrows nothing:
 /// the caller may drop what it published from first.
@@ -664,20 +706,25 @@ fn publish_confirmed(
     routing_key: &str,
     body: &[u8],
     properties: &BasicProperties,
+    carried: Option<Carried<'_>>,
 ) -> ladder_amqp::Result<impl Future<Output = ladder_amqp::Result<Confirmation>> + use<>> {
     let (send, confirm) = match trace {
+        None => (
+            None,
+            channel.basic_publish_carrying(exchange, routing_key, true, properties, carried, body)?,
+        ),
         Some(trace) => {
             // the send span's context goes into the headers published: a copy, only when tracing
-            let (send, traced) = trace.send(exchange, routing_key, properties.clone());
+            let properties = match carried {
+                Some(carried) => properties.with_carried(&carried),
+                None => properties.clone(),
+            };
+            let (send, traced) = trace.send(exchange, routing_key, properties);
             (
                 Some(send),
                 channel.basic_publish(exchange, routing_key, true, &traced, body)?,
             )
         }
-        None => (
-            None,
-            channel.basic_publish(exchange, routing_key, true, properties, body)?,
-        ),
     };
     Ok(async move {
         let confirmation = confirm.await?;

@@ -283,6 +283,7 @@ async fn session(
                     &ladder.spec,
                     &ladder.holds,
                     Some(&ladder.metrics.holds),
+                    Some(&ladder.holds_changed),
                     &stop,
                 )
                 .await

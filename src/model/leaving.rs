@@ -87,6 +87,14 @@ impl DueCounts {
         let width = (due_ms.saturating_sub(now_ms) / BUCKETS_PER_DELAY).max(1);
         let width = 1u64 << (63 - width.leading_zeros());
         let end = due_ms.div_ceil(width).saturating_mul(width);
+        // the common case: due with the message before it (one delay, a steady flow)
+        if let Some(mut last) = self.buckets.last_entry()
+            && *last.key() == end
+        {
+            *last.get_mut() += 1;
+            self.total += 1;
+            return;
+        }
         if self.buckets.len() >= MAX_DUE_BUCKETS && !self.buckets.contains_key(&end) {
             self.leave(now_ms);
         }

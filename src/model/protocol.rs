@@ -5,6 +5,7 @@
 //! touches the broker, so every rule here is unit-tested (and can be fuzzed) without one.
 //! It must never panic on any input: every value type a client can send ends in a decision.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -236,13 +237,20 @@ pub struct Park {
 
 /// A decision to republish.
 #[derive(Debug, Clone)]
-pub struct Forward {
-    /// Exchange to publish to (`""` for the default exchange).
-    pub exchange: String,
+pub struct Forward<'a> {
+    /// Exchange to publish to (`""` for the default exchange); the ladder's own names are
+    /// borrowed from its [`HopContext`].
+    pub exchange: Cow<'a, str>,
     /// Routing key: the tier name on intake, the destination queue on due.
-    pub routing_key: String,
-    /// Properties to publish with (persistent; broker headers stripped).
+    pub routing_key: Cow<'a, str>,
+    /// Properties to publish with (persistent; broker headers stripped). Its headers are the
+    /// forward's own; with [`carry`](Self::carry), what it carries over from the received
+    /// headers comes before them ([`Forward::headers`]).
     pub properties: BasicProperties,
+    /// Which received headers are republished besides `properties.headers`, written from the
+    /// delivery's own table at publish time instead of copied into the forward (a retry's
+    /// headers are the largest part of its properties, and most of them pass through).
+    pub carry: Option<Carry>,
     /// Where the message is finally headed.
     pub destination: String,
     /// The retry number (`retry-attempt` as sent).
@@ -254,6 +262,47 @@ pub struct Forward {
     pub due_at_ms: u64,
     /// Into a tier to wait, or out to its destination.
     pub kind: ForwardKind,
+}
+
+/// Which of the received headers a [`Forward`] carries over: every one but the broker's
+/// ([`is_stripped`]) and those the forward writes anew (`except`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carry {
+    except: &'static [&'static str],
+}
+
+impl Carry {
+    /// Whether a received header named `key` is republished.
+    pub fn keeps(&self, key: &[u8]) -> bool {
+        !is_stripped(key) && !self.except.iter().any(|e| e.as_bytes() == key)
+    }
+}
+
+impl Forward<'_> {
+    /// The properties the forward publishes, headers and all, made from `received` (the
+    /// delivery's properties): what it carries over, then its own headers. A copy, for
+    /// tracing and tests; the relay writes them without making it.
+    pub fn full_properties(&self, received: &BasicProperties) -> BasicProperties {
+        match (self.carry, &received.headers) {
+            (Some(carry), Some(table)) => {
+                let keep = |key: &[u8]| carry.keeps(key);
+                self.properties
+                    .with_carried(&ladder_amqp::Carried { table, keep: &keep })
+            }
+            _ => self.properties.clone(),
+        }
+    }
+
+    /// The header `key` the forward publishes: its own, or one it carries over from `received`.
+    pub fn header<'a>(&'a self, received: &'a BasicProperties, key: &str) -> Option<&'a FieldValue> {
+        let own = self.properties.headers.as_ref().and_then(|h| h.get(key));
+        let carried = || {
+            self.carry
+                .filter(|carry| carry.keeps(key.as_bytes()))
+                .and_then(|_| received.headers.as_ref()?.get(key))
+        };
+        own.or_else(carried)
+    }
 }
 
 /// Where a [`Forward`] goes.
@@ -294,11 +343,26 @@ impl Arrival<'static> {
 
 /// What to do with one delivery.
 #[derive(Debug, Clone)]
-pub enum Decision {
+pub enum Decision<'a> {
     /// Republish, then ack the delivery once confirmed.
-    Forward(Box<Forward>),
+    Forward(Box<Forward<'a>>),
     /// Park, then ack the delivery once the park is confirmed.
     Park(Park),
+}
+
+impl<'a> Decision<'a> {
+    /// The decision with a forward's headers all in its properties, none carried over
+    /// ([`Forward::full_properties`]): what was decided on `received`, as tests and tools read it.
+    pub fn materialized(self, received: &BasicProperties) -> Decision<'a> {
+        match self {
+            Decision::Forward(mut forward) => {
+                forward.properties = forward.full_properties(received);
+                forward.carry = None;
+                Decision::Forward(forward)
+            }
+            park @ Decision::Park(_) => park,
+        }
+    }
 }
 
 /// What one hop needs to decide: the ladder, its names, the bounds.
@@ -312,20 +376,22 @@ pub struct HopContext<'a> {
     pub limits: &'a Limits,
 }
 
-impl HopContext<'_> {
-    /// Intake at `now_ms` (see [`HopContext::intake_at`]).
-    pub fn intake(&self, props: &BasicProperties, now_ms: u64) -> Decision {
-        self.intake_at(props, &Arrival::at(now_ms))
+impl<'a> HopContext<'a> {
+    /// Intake at `now_ms` (see [`HopContext::intake_at`]), a forward's headers all in its
+    /// properties ([`Decision::materialized`]).
+    pub fn intake(&self, props: &BasicProperties, now_ms: u64) -> Decision<'a> {
+        self.intake_at(props, &Arrival::at(now_ms)).materialized(props)
     }
 
-    /// Due at `now_ms` (see [`HopContext::due_at`]).
-    pub fn due(&self, props: &BasicProperties, now_ms: u64) -> Decision {
-        self.due_at(props, &Arrival::at(now_ms))
+    /// Due at `now_ms` (see [`HopContext::due_at`]), a forward's headers all in its properties
+    /// ([`Decision::materialized`]).
+    pub fn due(&self, props: &BasicProperties, now_ms: u64) -> Decision<'a> {
+        self.due_at(props, &Arrival::at(now_ms)).materialized(props)
     }
 
     /// Intake: a scheduled delivery (`x-delay`, `delay-until`) waits its exact delay; a failure
     /// is validated, its attempt counted, and it waits its retry's delay — or it is parked.
-    pub fn intake_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision {
+    pub fn intake_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
         let now_ms = arrival.now_ms;
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;
@@ -425,12 +491,19 @@ impl HopContext<'_> {
         }
         let delay = self.spec.retry_delay(attempt as u32, min_delay, arrival.draw);
         let tier = self.spec.next_wait(delay);
-        // one pass: what is carried over, then what the intake writes (no lookups, no moves)
-        let mut out = republished_headers_except(h, INTAKE_WRITES);
+        // what the intake writes; the rest is carried over as received (`Carry`)
+        let mut out = FieldTable::with_capacity(INTAKE_WRITES.len() + 1);
         if let Some(reason) = reason {
             out.push(ShortString::from_static(header::RETRY_REASON), long_string(&reason));
         }
-        // carried over unless there is a user id to move (rare: replaces it)
+        // a user id to move replaces a `retry-original-user-id` received (rare)
+        let carry = Carry {
+            except: if props.user_id.is_some() {
+                INTAKE_WRITES_WITH_USER
+            } else {
+                INTAKE_WRITES
+            },
+        };
         move_user_id(props, &mut out);
         out.push(ShortString::from_static(header::RETRY_TO), long_string(&destination));
         out.push(
@@ -462,9 +535,10 @@ impl HopContext<'_> {
             appended_history(h.get(header::RETRY_HISTORY), attempt, &step, now_ms),
         );
         Decision::Forward(Box::new(Forward {
-            exchange: self.names.tiers_exchange.clone(),
-            routing_key: tier.name.clone(),
+            exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
+            routing_key: Cow::Borrowed(tier.name.as_str()),
             properties: republished_properties(props, out),
+            carry: Some(carry),
             destination,
             attempt,
             late_ms: 0,
@@ -475,7 +549,7 @@ impl HopContext<'_> {
 
     /// Intake of a scheduled delivery: where to (a queue, or an exchange with the routing key
     /// it came with), and when; then the first wait. No attempt is counted.
-    fn schedule(&self, props: &BasicProperties, h: &FieldTable, arrival: &Arrival<'_>) -> Decision {
+    fn schedule(&self, props: &BasicProperties, h: &FieldTable, arrival: &Arrival<'_>) -> Decision<'a> {
         let now_ms = arrival.now_ms;
         let target = match (h.get(header::RETRY_TO), h.get(header::RETRY_TO_EXCHANGE)) {
             (Some(_), Some(_)) => Err((
@@ -555,16 +629,20 @@ impl HopContext<'_> {
         let remaining = due_at.saturating_sub(now_ms);
         let (exchange, routing_key) = if remaining == 0 {
             // due already: through the due queue, which delivers it at once
-            (self.names.due.clone(), String::new())
+            (Cow::Borrowed(self.names.due.as_str()), Cow::Borrowed(""))
         } else {
             let tier = self.spec.next_wait(Duration::from_millis(remaining));
             out.set(header::RETRY_TIER, long_string(&tier.name));
-            (self.names.tiers_exchange.clone(), tier.name.clone())
+            (
+                Cow::Borrowed(self.names.tiers_exchange.as_str()),
+                Cow::Borrowed(tier.name.as_str()),
+            )
         };
         Decision::Forward(Box::new(Forward {
             exchange,
             routing_key,
             properties: republished_properties(props, out),
+            carry: None,
             destination: target.into_key(),
             attempt: 0,
             late_ms: 0,
@@ -595,7 +673,7 @@ impl HopContext<'_> {
     /// Due: a message whose due time is still ahead waits again, in the longest tier that does
     /// not overshoot; one that is due is checked again (the allow-list may have changed),
     /// stripped of what the tier's dead-lettering added, and delivered — or parked.
-    pub fn due_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision {
+    pub fn due_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
         let now_ms = arrival.now_ms;
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;
@@ -652,12 +730,15 @@ impl HopContext<'_> {
                 return park(ParkReason::InvalidDelay, detail, queue());
             }
             let tier = self.spec.next_wait(remaining);
-            let mut out = republished_headers(h);
-            out.set(header::RETRY_TIER, long_string(&tier.name));
+            let mut out = FieldTable::with_capacity(1);
+            out.push(ShortString::from_static(header::RETRY_TIER), long_string(&tier.name));
             return Decision::Forward(Box::new(Forward {
-                exchange: self.names.tiers_exchange.clone(),
-                routing_key: tier.name.clone(),
+                exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
+                routing_key: Cow::Borrowed(tier.name.as_str()),
                 properties: republished_properties(props, out),
+                carry: Some(Carry {
+                    except: &[header::RETRY_TIER],
+                }),
                 destination: target.into_key(),
                 attempt: attempts.unwrap_or(0),
                 late_ms: 0,
@@ -665,34 +746,27 @@ impl HopContext<'_> {
                 kind: ForwardKind::Wait,
             }));
         }
-        let mut out = republished_headers(h);
         let (exchange, routing_key) = match &target {
-            Target::Queue(queue) => (String::new(), queue.clone()),
+            Target::Queue(queue) => (Cow::Borrowed(""), Cow::Owned(queue.clone())),
             Target::Exchange(exchange) => {
                 let key = h
                     .get(header::RETRY_ROUTING_KEY)
                     .and_then(as_text)
                     .unwrap_or_default()
                     .to_string();
-                (exchange.clone(), key)
+                (Cow::Owned(exchange.clone()), Cow::Owned(key))
             }
         };
-        if scheduled {
-            // delivered as it was published: the ladder's bookkeeping leaves with the wait
-            for key in [
-                header::RETRY_SCHEDULED,
-                header::RETRY_TIER,
-                header::RETRY_DUE_AT,
-                header::RETRY_LADDER,
-                header::RETRY_ROUTING_KEY,
-            ] {
-                out.remove(key);
-            }
-        }
+        // delivered as received; a scheduled delivery as it was published: the ladder's
+        // bookkeeping leaves with the wait
+        let carry = Carry {
+            except: if scheduled { SCHEDULED_BOOKKEEPING } else { &[] },
+        };
         Decision::Forward(Box::new(Forward {
             exchange,
             routing_key,
-            properties: republished_properties(props, out),
+            properties: republished_properties_without_headers(props),
+            carry: Some(carry),
             destination: target.into_key(),
             attempt: attempts.unwrap_or(0),
             late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
@@ -704,7 +778,7 @@ impl HopContext<'_> {
     /// Due: the message cannot be delivered now (`reason`), so it waits in a tier again without
     /// an attempt being counted: the shortest tier when the destination is busy, and one tier
     /// longer for each refusal of the same attempt (`retry-deferrals`) when it refuses.
-    pub fn defer(&self, props: &BasicProperties, reason: DeferReason, now_ms: u64) -> Forward {
+    pub fn defer(&self, props: &BasicProperties, reason: DeferReason, now_ms: u64) -> Forward<'a> {
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;
         let deferrals = optional_u64(h, header::RETRY_DEFERRALS)
@@ -723,9 +797,10 @@ impl HopContext<'_> {
         let due_at_ms = now_ms.saturating_add(tier.ttl_ms());
         out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
         Forward {
-            exchange: self.names.tiers_exchange.clone(),
-            routing_key: tier.name.clone(),
+            exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
+            routing_key: Cow::Borrowed(tier.name.as_str()),
             properties: republished_properties(props, out),
+            carry: None,
             destination: h
                 .get(header::RETRY_TO)
                 .and_then(as_text)
@@ -830,7 +905,7 @@ impl HopContext<'_> {
 /// The park decision for a delivery whose properties the client could not decode (headers
 /// nested beyond what it decodes): they are kept as bytes in the parking lot. `shallow` is the
 /// decision on what the shallow headers say, for where the message was headed and its history.
-pub fn undecodable(error: &ladder_amqp::types::DecodeError, shallow: Option<Decision>) -> Park {
+pub fn undecodable(error: &ladder_amqp::types::DecodeError, shallow: Option<Decision<'_>>) -> Park {
     let detail = format!("the properties do not decode ({error}); parked as the bytes received");
     match shallow {
         Some(Decision::Park(park)) => Park {
@@ -903,7 +978,13 @@ pub fn replay_properties(props: &BasicProperties, extra: &[(&str, FieldValue)]) 
 /// with `received` properties on `hop`). The record keeps the message as received; the times
 /// and attempts are the forward's, so a first failure whose tier is missing still says when it
 /// first failed.
-pub fn no_route(hop: Hop, received: &BasicProperties, forward: &Forward, reply_code: u16, reply_text: &str) -> Park {
+pub fn no_route(
+    hop: Hop,
+    received: &BasicProperties,
+    forward: &Forward<'_>,
+    reply_code: u16,
+    reply_text: &str,
+) -> Park {
     let attempts = match hop {
         Hop::Intake => forward.attempt.saturating_sub(1),
         Hop::Due | Hop::Quarantine => forward.attempt,
@@ -1057,7 +1138,14 @@ pub fn is_stripped(key: &[u8]) -> bool {
 /// What the intake writes into a retry's headers (and `retry-delay` and `retry-deferrals`,
 /// which it drops; `retry-reason` is written whenever it was received): none of them is
 /// carried over as received.
-const INTAKE_WRITES: &[&str] = &[
+const INTAKE_WRITES: &[&str] = match INTAKE_WRITES_WITH_USER.split_last() {
+    Some((_, writes)) => writes,
+    None => &[],
+};
+
+/// [`INTAKE_WRITES`], then `retry-original-user-id`, which the intake writes when the delivery
+/// has a `user_id` to move.
+const INTAKE_WRITES_WITH_USER: &[&str] = &[
     header::RETRY_DELAY,
     header::RETRY_DEFERRALS,
     header::RETRY_REASON,
@@ -1068,20 +1156,18 @@ const INTAKE_WRITES: &[&str] = &[
     header::RETRY_TIER,
     header::RETRY_DUE_AT,
     header::RETRY_HISTORY,
+    header::RETRY_ORIGINAL_USER_ID,
 ];
 
-/// The headers republished, without those under `except` (which the caller writes anew), with
-/// room for them.
-fn republished_headers_except(headers: &FieldTable, except: &[&str]) -> FieldTable {
-    let mut out = FieldTable::with_capacity(headers.len() + except.len());
-    for (k, v) in headers.iter() {
-        let key = k.as_bytes();
-        if !is_stripped(key) && !except.iter().any(|e| e.as_bytes() == key) {
-            out.push(k.clone(), v.clone());
-        }
-    }
-    out
-}
+/// The ladder's bookkeeping of a scheduled delivery, which the due hop removes: the message is
+/// delivered as it was published.
+const SCHEDULED_BOOKKEEPING: &[&str] = &[
+    header::RETRY_SCHEDULED,
+    header::RETRY_TIER,
+    header::RETRY_DUE_AT,
+    header::RETRY_LADDER,
+    header::RETRY_ROUTING_KEY,
+];
 
 /// The `retry-history` after a failure at `failed_at_ms`: `previous` with `attempt:step:failed_at_ms`
 /// appended, the same as [`format_history`] of [`parse_history`] plus the entry. A previous
@@ -1149,8 +1235,15 @@ fn is_written_history(text: &str) -> bool {
     true
 }
 
+/// The headers republished as a copy (every one but the broker's), for what writes a table
+/// of its own (a scheduled delivery, a deferral, a replay); a retry's forward carries them
+/// over instead ([`Carry`]).
 fn republished_headers(headers: &FieldTable) -> FieldTable {
-    republished_headers_except(headers, &[])
+    headers
+        .iter()
+        .filter(|(k, _)| !is_stripped(k.as_bytes()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// A `user_id` that is not the publishing connection's would make the broker close the
@@ -1168,8 +1261,14 @@ fn move_user_id(props: &BasicProperties, out: &mut FieldTable) {
 /// broker close the channel), persistent, with `headers`.
 fn republished_properties(props: &BasicProperties, headers: FieldTable) -> BasicProperties {
     BasicProperties {
-        delivery_mode: Some(2),
         headers: Some(headers),
+        ..republished_properties_without_headers(props)
+    }
+}
+
+fn republished_properties_without_headers(props: &BasicProperties) -> BasicProperties {
+    BasicProperties {
+        delivery_mode: Some(2),
         expiration: None,
         user_id: None,
         ..props.clone_without_headers()
@@ -1541,14 +1640,14 @@ mod tests {
         }
     }
 
-    fn forward(d: Decision) -> Forward {
+    fn forward(d: Decision<'_>) -> Forward<'_> {
         match d {
             Decision::Forward(f) => *f,
             Decision::Park(p) => panic!("parked: {p:?}"),
         }
     }
 
-    fn parked(d: Decision) -> Park {
+    fn parked(d: Decision<'_>) -> Park {
         match d {
             Decision::Park(p) => p,
             Decision::Forward(f) => panic!("forwarded to {}", f.routing_key),
@@ -1730,7 +1829,7 @@ mod tests {
         loop {
             let out = forward(f.ctx().due(&props_now, at));
             if out.kind == ForwardKind::Deliver {
-                assert_eq!((out.exchange.as_str(), out.routing_key.as_str()), ("", "orders"));
+                assert_eq!((&*out.exchange, &*out.routing_key), ("", "orders"));
                 assert!(at >= NOW + 400, "never early");
                 assert!(
                     at < NOW + 400 + 16 + 3 * hops.len() as u64,
@@ -1769,7 +1868,7 @@ mod tests {
                 draw,
                 ..Arrival::at(NOW)
             };
-            let out = forward(f.ctx().intake_at(&input, &arrival));
+            let out = forward(f.ctx().intake_at(&input, &arrival).materialized(&input));
             header(&out.properties, "retry-due-at").and_then(as_u64).unwrap() - NOW
         };
         assert_eq!(due(0.0), 180, "200 ms - 10 %");
@@ -1823,7 +1922,7 @@ mod tests {
         ]);
         let out = forward(f.ctx().intake(&input, NOW));
         assert_eq!(
-            (out.exchange.as_str(), out.routing_key.as_str()),
+            (&*out.exchange, &*out.routing_key),
             ("ns.default.due", ""),
             "straight to the due queue"
         );
@@ -1882,11 +1981,11 @@ mod tests {
         assert_eq!(park.reason, ParkReason::DestinationNotAllowed);
         assert!(park.detail.contains("allow_exchanges"), "{}", park.detail);
         f.spec.allow_exchanges = regex::RegexSet::new(["^events$"]).unwrap();
-        let out = forward(f.ctx().intake_at(&input, &arrival));
+        let out = forward(f.ctx().intake_at(&input, &arrival).materialized(&input));
         assert_eq!(out.destination, "exchange:events");
         let out = forward(f.ctx().due(&out.properties, NOW + 100));
         assert_eq!(
-            (out.kind, out.exchange.as_str(), out.routing_key.as_str()),
+            (out.kind, &*out.exchange, &*out.routing_key),
             (ForwardKind::Deliver, "events", "order.created")
         );
         assert_eq!(header(&out.properties, "retry-routing-key"), None);
@@ -2173,7 +2272,7 @@ mod tests {
             ("x-death", deaths),
         ]);
         let out = forward(f.ctx().due(&input, NOW));
-        assert_eq!((out.exchange.as_str(), out.routing_key.as_str()), ("", "orders"));
+        assert_eq!((&*out.exchange, &*out.routing_key), ("", "orders"));
         assert_eq!(out.late_ms, 30);
         assert_eq!(out.attempt, 2);
         assert_eq!(header(&out.properties, "x-death"), None);
@@ -2541,6 +2640,16 @@ mod tests {
             ) {
                 let f = fixture();
                 let ctx = f.ctx();
+                // what a forward writes itself is never also carried over: no header twice
+                for decision in [ctx.intake_at(&props, &Arrival::at(now_ms)), ctx.due_at(&props, &Arrival::at(now_ms))] {
+                    if let Decision::Forward(forward) = decision
+                        && let Some(carry) = forward.carry
+                    {
+                        for (key, _) in forward.properties.headers.iter().flat_map(FieldTable::iter) {
+                            prop_assert!(!carry.keeps(key.as_bytes()), "{key:?} written and carried");
+                        }
+                    }
+                }
                 if let Decision::Forward(tiered) = ctx.intake(&props, now_ms) {
                     clean(&tiered.properties)?;
                     // the tier's dead-lettering brings it back to the due hop
