@@ -60,8 +60,8 @@ impl BasicProperties {
         self.encode_carrying(out, None);
     }
 
-    /// [`encode`](Self::encode), with the headers of `carried` that it keeps written before
-    /// (and as part of) this property list's own headers.
+    /// [`encode`](Self::encode), with the headers `carried` makes (entries carried over, then
+    /// its own) instead of this property list's `headers`.
     pub fn encode_carrying(&self, out: &mut BytesMut, carried: Option<&Carried<'_>>) {
         let mut flags = 0u16;
         let at = out.len();
@@ -74,9 +74,17 @@ impl BasicProperties {
         };
         short(CONTENT_TYPE, &self.content_type, out);
         short(CONTENT_ENCODING, &self.content_encoding, out);
-        if carried.is_some() || self.headers.is_some() {
-            flags |= HEADERS;
-            put_tables(out, carried, self.headers.as_ref());
+        match carried {
+            Some(carried) => {
+                flags |= HEADERS;
+                put_tables(out, Some(carried), carried.then);
+            }
+            None => {
+                if let Some(headers) = &self.headers {
+                    flags |= HEADERS;
+                    put_tables(out, None, Some(headers));
+                }
+            }
         }
         if let Some(v) = self.delivery_mode {
             flags |= DELIVERY_MODE;
@@ -284,18 +292,11 @@ impl BasicProperties {
         }
     }
 
-    /// A copy whose headers are those `carried` keeps, then its own: what
+    /// A copy whose headers are those `carried` makes: what
     /// [`encode_carrying`](Self::encode_carrying) writes, as properties of their own.
     pub fn with_carried(&self, carried: &Carried<'_>) -> Self {
-        let own = self.headers.iter().flat_map(FieldTable::iter);
         BasicProperties {
-            headers: Some(
-                carried
-                    .entries()
-                    .chain(own)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            ),
+            headers: Some(carried.entries().map(|(k, v)| (k.clone(), v.clone())).collect()),
             ..self.clone_without_headers()
         }
     }
@@ -385,12 +386,13 @@ mod tests {
         received.insert(ShortString::new(&b"k\xff"[..]).unwrap(), FieldValue::LongInt(2));
         received.insert(ShortString::new(&b"kept"[..]).unwrap(), FieldValue::Boolean(true));
         let keep = |k: &[u8]| k != b"x-death";
+        let mut own = FieldTable::new();
+        own.insert(ShortString::new(&b"own"[..]).unwrap(), FieldValue::LongInt(3));
         let carried = Carried {
             table: &received,
             keep: &keep,
+            then: Some(&own),
         };
-        let mut own = FieldTable::new();
-        own.insert(ShortString::new(&b"own"[..]).unwrap(), FieldValue::LongInt(3));
         let decoded = |p: &BasicProperties, carried: Option<&Carried<'_>>| {
             let mut out = BytesMut::new();
             p.encode_carrying(&mut out, carried);
@@ -399,9 +401,10 @@ mod tests {
             assert!(r.is_empty());
             decoded
         };
-        let p = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_headers(own.clone());
+        // the properties' own headers give way to the carried ones
+        let mut ignored = FieldTable::new();
+        ignored.insert(ShortString::new(&b"ignored"[..]).unwrap(), FieldValue::LongInt(4));
+        let p = BasicProperties::default().with_delivery_mode(2).with_headers(ignored);
         let key = |k: &[u8]| ShortString::new(k).unwrap();
         let expected = vec![
             (key(b"k\xff"), FieldValue::LongInt(2)),
@@ -412,18 +415,19 @@ mod tests {
         let entries: Vec<(ShortString, FieldValue)> = got.headers.clone().unwrap().into_iter().collect();
         assert_eq!(entries, expected, "the kept entries in their order, then the own ones");
         assert_eq!(got.delivery_mode, Some(2));
-        assert_eq!(carried.entries().count(), 2);
+        assert_eq!(carried.entries().count(), 3);
         assert_eq!(p.with_carried(&carried), got, "the same properties, made as a copy");
 
         // no own headers: the carried ones alone; nothing kept: an empty table, not none
-        let bare = BasicProperties::default();
-        assert_eq!(decoded(&bare, Some(&carried)).headers.unwrap().len(), 2);
+        let alone = Carried { then: None, ..carried };
+        assert_eq!(decoded(&p, Some(&alone)).headers.unwrap().len(), 2);
         let none = |_: &[u8]| false;
         let nothing = Carried {
             table: &received,
             keep: &none,
+            then: None,
         };
-        assert_eq!(decoded(&bare, Some(&nothing)).headers, Some(FieldTable::new()));
+        assert_eq!(decoded(&p, Some(&nothing)).headers, Some(FieldTable::new()));
         // without carried headers: as `encode`
         let mut plain = BytesMut::new();
         p.encode(&mut plain);

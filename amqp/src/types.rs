@@ -820,21 +820,24 @@ pub fn put_long_bytes(out: &mut BytesMut, bytes: &[u8]) {
     out.put_slice(bytes);
 }
 
-/// Headers a publish carries over from another table (a delivery's) without copying it: the
-/// entries of `table` for whose key `keep` says yes, in their order, written before the
-/// publish's own headers ([`Channel::basic_publish_carrying`](crate::Channel::basic_publish_carrying)).
+/// The headers of a publish that carries entries over from another table (a delivery's)
+/// without copying it: the entries of `table` for whose key `keep` says yes, in their order,
+/// then those of `then` ([`Channel::basic_publish_carrying`](crate::Channel::basic_publish_carrying)).
 #[derive(Clone, Copy)]
 pub struct Carried<'a> {
     /// The table the entries come from.
     pub table: &'a FieldTable,
     /// Whether an entry with this key is carried over.
     pub keep: &'a dyn Fn(&[u8]) -> bool,
+    /// The publish's own headers, written after them.
+    pub then: Option<&'a FieldTable>,
 }
 
 impl Carried<'_> {
-    /// The entries carried over.
+    /// Every entry of the headers: those carried over, then the own ones.
     pub fn entries(&self) -> impl Iterator<Item = (&ShortString, &FieldValue)> + '_ {
-        self.table.iter().filter(|(k, _)| (self.keep)(k.as_bytes()))
+        let carried = self.table.iter().filter(|(k, _)| (self.keep)(k.as_bytes()));
+        carried.chain(self.then.into_iter().flat_map(FieldTable::iter))
     }
 }
 
@@ -849,7 +852,7 @@ pub fn put_table(out: &mut BytesMut, table: &FieldTable) {
     put_tables(out, None, Some(table));
 }
 
-/// Writes one table: the entries `carried` keeps, then those of `own`.
+/// Writes one table: the entries of `carried`'s table that it keeps, then those of `own`.
 pub(crate) fn put_tables(out: &mut BytesMut, carried: Option<&Carried<'_>>, own: Option<&FieldTable>) {
     // room for the own entries; carried ones (a relay's) are not measured first: walking them
     // twice cost more than the buffer's rare growth

@@ -682,16 +682,16 @@ fn publish_forward(
     delivery: &Delivery,
     forward: &Forward<'_>,
 ) -> ladder_amqp::Result<impl Future<Output = ladder_amqp::Result<Confirmation>> + use<>> {
-    let carried = forward.carry.zip(delivery.properties.headers.as_ref());
-    let keep = |key: &[u8]| carried.is_some_and(|(carry, _)| carry.keeps(key));
-    let carried = carried.map(|(_, table)| Carried { table, keep: &keep });
+    let empty = FieldTable::new();
+    let keep = |key: &[u8]| forward.carry.is_some_and(|carry| carry.keeps(key));
+    let (properties, carried) = forward.publishing(&delivery.properties, &empty, &keep);
     publish_confirmed(
         channel,
         trace,
         exchange,
         routing_key,
         &delivery.body,
-        &forward.properties,
+        properties,
         carried,
     )
 }

@@ -243,13 +243,15 @@ pub struct Forward<'a> {
     pub exchange: Cow<'a, str>,
     /// Routing key: the tier name on intake, the destination queue on due.
     pub routing_key: Cow<'a, str>,
-    /// Properties to publish with (persistent; broker headers stripped). Its headers are the
-    /// forward's own; with [`carry`](Self::carry), what it carries over from the received
-    /// headers comes before them ([`Forward::headers`]).
+    /// Properties to publish with (persistent, no `expiration` or `user_id`, broker headers
+    /// stripped). With [`carry`](Self::carry), its headers are only those the forward writes
+    /// — what it carries over from the received ones comes before them — and when the carry
+    /// is [`as_received`](Carry::as_received) it holds nothing else
+    /// ([`Forward::full_properties`] makes the whole).
     pub properties: BasicProperties,
-    /// Which received headers are republished besides `properties.headers`, written from the
-    /// delivery's own table at publish time instead of copied into the forward (a retry's
-    /// headers are the largest part of its properties, and most of them pass through).
+    /// What is republished as received, written from the delivery's own properties at
+    /// publish time instead of copied into the forward (a retry's headers are the largest part
+    /// of its properties, and most of them pass through).
     pub carry: Option<Carry>,
     /// Where the message is finally headed.
     pub destination: String,
@@ -264,14 +266,27 @@ pub struct Forward<'a> {
     pub kind: ForwardKind,
 }
 
-/// Which of the received headers a [`Forward`] carries over: every one but the broker's
-/// ([`is_stripped`]) and those the forward writes anew (`except`).
+/// What a [`Forward`] carries over as received: every header but the broker's
+/// ([`is_stripped`]) and those the forward writes anew (`except`), and — when the received
+/// properties are already what a republish writes (persistent, no `expiration`, no
+/// `user_id`: a retry the ladder published itself, or most failures) — the other properties
+/// too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Carry {
     except: &'static [&'static str],
+    /// The properties other than the headers are the received ones, unchanged.
+    pub as_received: bool,
 }
 
 impl Carry {
+    /// The carry of a forward made from `props` that writes the headers `except` names anew.
+    fn of(props: &BasicProperties, except: &'static [&'static str]) -> Self {
+        Carry {
+            except,
+            as_received: is_republished_as_received(props),
+        }
+    }
+
     /// Whether a received header named `key` is republished.
     pub fn keeps(&self, key: &[u8]) -> bool {
         !is_stripped(key) && !self.except.iter().any(|e| e.as_bytes() == key)
@@ -281,15 +296,37 @@ impl Carry {
 impl Forward<'_> {
     /// The properties the forward publishes, headers and all, made from `received` (the
     /// delivery's properties): what it carries over, then its own headers. A copy, for
-    /// tracing and tests; the relay writes them without making it.
+    /// tracing and tests; the relay writes them without making it
+    /// ([`Forward::publishing`]).
     pub fn full_properties(&self, received: &BasicProperties) -> BasicProperties {
-        match (self.carry, &received.headers) {
-            (Some(carry), Some(table)) => {
-                let keep = |key: &[u8]| carry.keeps(key);
-                self.properties
-                    .with_carried(&ladder_amqp::Carried { table, keep: &keep })
+        let empty = FieldTable::new();
+        let keep = |key: &[u8]| self.carry.is_some_and(|carry| carry.keeps(key));
+        match self.publishing(received, &empty, &keep) {
+            (fields, Some(carried)) => fields.with_carried(&carried),
+            (fields, None) => fields.clone(),
+        }
+    }
+
+    /// What the relay publishes: the properties whose fields it writes, and the headers it
+    /// carries over from `received` (with `keep`, the carry's own test, and `empty` for a
+    /// delivery without headers) before the forward's own — or none, and the fields' own.
+    pub fn publishing<'b>(
+        &'b self,
+        received: &'b BasicProperties,
+        empty: &'b FieldTable,
+        keep: &'b dyn Fn(&[u8]) -> bool,
+    ) -> (&'b BasicProperties, Option<ladder_amqp::Carried<'b>>) {
+        match self.carry {
+            None => (&self.properties, None),
+            Some(carry) => {
+                let carried = ladder_amqp::Carried {
+                    table: received.headers.as_ref().unwrap_or(empty),
+                    keep,
+                    then: self.properties.headers.as_ref(),
+                };
+                let fields = if carry.as_received { received } else { &self.properties };
+                (fields, Some(carried))
             }
-            _ => self.properties.clone(),
         }
     }
 
@@ -497,12 +534,10 @@ impl<'a> HopContext<'a> {
             out.push(ShortString::from_static(header::RETRY_REASON), long_string(&reason));
         }
         // a user id to move replaces a `retry-original-user-id` received (rare)
-        let carry = Carry {
-            except: if props.user_id.is_some() {
-                INTAKE_WRITES_WITH_USER
-            } else {
-                INTAKE_WRITES
-            },
+        let except = if props.user_id.is_some() {
+            INTAKE_WRITES_WITH_USER
+        } else {
+            INTAKE_WRITES
         };
         move_user_id(props, &mut out);
         out.push(ShortString::from_static(header::RETRY_TO), long_string(&destination));
@@ -537,8 +572,8 @@ impl<'a> HopContext<'a> {
         Decision::Forward(Box::new(Forward {
             exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
             routing_key: Cow::Borrowed(tier.name.as_str()),
-            properties: republished_properties(props, out),
-            carry: Some(carry),
+            properties: carrying_properties(props, Some(out)),
+            carry: Some(Carry::of(props, except)),
             destination,
             attempt,
             late_ms: 0,
@@ -735,10 +770,8 @@ impl<'a> HopContext<'a> {
             return Decision::Forward(Box::new(Forward {
                 exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
                 routing_key: Cow::Borrowed(tier.name.as_str()),
-                properties: republished_properties(props, out),
-                carry: Some(Carry {
-                    except: &[header::RETRY_TIER],
-                }),
+                properties: carrying_properties(props, Some(out)),
+                carry: Some(Carry::of(props, &[header::RETRY_TIER])),
                 destination: target.into_key(),
                 attempt: attempts.unwrap_or(0),
                 late_ms: 0,
@@ -759,14 +792,12 @@ impl<'a> HopContext<'a> {
         };
         // delivered as received; a scheduled delivery as it was published: the ladder's
         // bookkeeping leaves with the wait
-        let carry = Carry {
-            except: if scheduled { SCHEDULED_BOOKKEEPING } else { &[] },
-        };
+        let except = if scheduled { SCHEDULED_BOOKKEEPING } else { &[] };
         Decision::Forward(Box::new(Forward {
             exchange,
             routing_key,
-            properties: republished_properties_without_headers(props),
-            carry: Some(carry),
+            properties: carrying_properties(props, None),
+            carry: Some(Carry::of(props, except)),
             destination: target.into_key(),
             attempt: attempts.unwrap_or(0),
             late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
@@ -1264,6 +1295,24 @@ fn republished_properties(props: &BasicProperties, headers: FieldTable) -> Basic
         headers: Some(headers),
         ..republished_properties_without_headers(props)
     }
+}
+
+/// Whether `props`, less the broker's headers, are already what a republish writes
+/// ([`republished_properties`]): persistent, without `expiration` and `user_id`.
+fn is_republished_as_received(props: &BasicProperties) -> bool {
+    props.delivery_mode == Some(2) && props.expiration.is_none() && props.user_id.is_none()
+}
+
+/// The properties of a forward that carries the received headers over ([`Carry::of`]): the
+/// headers it writes, and a copy of the other received ones only when they are not
+/// republished as received.
+fn carrying_properties(props: &BasicProperties, own: Option<FieldTable>) -> BasicProperties {
+    let fields = if is_republished_as_received(props) {
+        BasicProperties::default()
+    } else {
+        republished_properties_without_headers(props)
+    };
+    BasicProperties { headers: own, ..fields }
 }
 
 fn republished_properties_without_headers(props: &BasicProperties) -> BasicProperties {
@@ -1856,6 +1905,61 @@ mod tests {
             ["256ms", "128ms", "16ms"],
             "400 = 256 + 128 + 16 (with 3 ms per hop)"
         );
+    }
+
+    #[test]
+    fn a_forward_writes_the_received_properties_without_copying_those_that_need_no_change() {
+        let f = fixture();
+        let ctx = f.ctx();
+        // as the ladder publishes a retry: persistent, no expiration, no user id
+        let received = BasicProperties {
+            content_type: s("text/plain"),
+            message_id: s("m-1"),
+            delivery_mode: Some(2),
+            ..props(&[
+                ("retry-to", long_string("orders")),
+                ("x-delivery-count", FieldValue::LongInt(3)),
+            ])
+        };
+        for decision in [
+            ctx.intake_at(&received, &Arrival::at(NOW)),
+            ctx.due_at(&received, &Arrival::at(NOW)),
+        ] {
+            let out = forward(decision);
+            assert!(out.carry.is_some_and(|c| c.as_received));
+            assert_eq!(out.properties.content_type, None, "the fields are not copied");
+            let full = out.full_properties(&received);
+            assert_eq!(
+                (&full.content_type, &full.message_id),
+                (&received.content_type, &received.message_id)
+            );
+            assert_eq!(full.delivery_mode, Some(2));
+            assert_eq!(header(&full, "x-delivery-count"), None);
+            assert_eq!(header(&full, "retry-to"), Some(&long_string("orders")));
+        }
+        // a TTL, a user id or a transient mode of its own is not republished: a copy without them
+        let other = BasicProperties {
+            expiration: s("60000"),
+            user_id: s("svc"),
+            delivery_mode: Some(1),
+            ..received.clone()
+        };
+        for decision in [
+            ctx.intake_at(&other, &Arrival::at(NOW)),
+            ctx.due_at(&other, &Arrival::at(NOW)),
+        ] {
+            let out = forward(decision);
+            assert!(out.carry.is_some_and(|c| !c.as_received));
+            let full = out.full_properties(&other);
+            assert_eq!(
+                (&full.expiration, &full.user_id, full.delivery_mode),
+                (&None, &None, Some(2))
+            );
+            assert_eq!(
+                (&full.content_type, &full.message_id),
+                (&other.content_type, &other.message_id)
+            );
+        }
     }
 
     #[test]
