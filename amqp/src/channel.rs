@@ -956,8 +956,8 @@ impl Channel {
 
     /// [`basic_publish`](Self::basic_publish) with the headers `carried` makes (entries carried
     /// over from another table — a delivery's — then its own) instead of the properties'
-    /// `headers`: a relay republishes what it received without copying the table first. The return fingerprint is the same as for
-    /// `basic_publish` (it reads no headers).
+    /// `headers`: a relay republishes what it received without copying the table first. The
+    /// return fingerprint is the same as for `basic_publish` (it reads no headers).
     pub fn basic_publish_carrying(
         &self,
         exchange: impl AsRef<[u8]>,

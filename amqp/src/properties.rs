@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, BytesMut};
 
-use crate::types::{Carried, DecodeError, FieldTable, Reader, ShortString, put_short_string, put_tables};
+use crate::types::{Carried, DecodeError, FieldTable, Reader, ShortString, put_carried, put_short_string, put_table};
 
 /// The properties of a message. Every field is optional; absent ones are not sent.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -74,17 +74,16 @@ impl BasicProperties {
         };
         short(CONTENT_TYPE, &self.content_type, out);
         short(CONTENT_ENCODING, &self.content_encoding, out);
-        match carried {
-            Some(carried) => {
+        match (carried, &self.headers) {
+            (Some(carried), _) => {
                 flags |= HEADERS;
-                put_tables(out, Some(carried), carried.then);
+                put_carried(out, carried);
             }
-            None => {
-                if let Some(headers) = &self.headers {
-                    flags |= HEADERS;
-                    put_tables(out, None, Some(headers));
-                }
+            (None, Some(headers)) => {
+                flags |= HEADERS;
+                put_table(out, headers);
             }
+            (None, None) => {}
         }
         if let Some(v) = self.delivery_mode {
             flags |= DELIVERY_MODE;

@@ -849,25 +849,23 @@ impl std::fmt::Debug for Carried<'_> {
 
 /// Writes `table`.
 pub fn put_table(out: &mut BytesMut, table: &FieldTable) {
-    put_tables(out, None, Some(table));
+    out.reserve(table.encoded_len());
+    put_entries(out, table.iter());
 }
 
-/// Writes one table: the entries of `carried`'s table that it keeps, then those of `own`.
-pub(crate) fn put_tables(out: &mut BytesMut, carried: Option<&Carried<'_>>, own: Option<&FieldTable>) {
-    // room for the own entries; carried ones (a relay's) are not measured first: walking them
-    // twice cost more than the buffer's rare growth
-    out.reserve(4 + own.map_or(0, FieldTable::encoded_len));
+/// Writes the table `carried` makes. Room is made for its own entries only: the carried ones
+/// (a relay's) are not measured first, as walking them twice cost more than the buffer's rare
+/// growth.
+pub(crate) fn put_carried(out: &mut BytesMut, carried: &Carried<'_>) {
+    out.reserve(carried.then.map_or(4, FieldTable::encoded_len));
+    put_entries(out, carried.entries());
+}
+
+/// Writes a table of `entries`.
+fn put_entries<'a>(out: &mut BytesMut, entries: impl Iterator<Item = (&'a ShortString, &'a FieldValue)>) {
     let at = out.len();
     out.put_u32(0);
-    if let Some(carried) = carried {
-        for (key, value) in &carried.table.0 {
-            if (carried.keep)(key.as_bytes()) {
-                put_short_string(out, key);
-                put_value(out, value);
-            }
-        }
-    }
-    for (key, value) in own.into_iter().flat_map(|t| &t.0) {
+    for (key, value) in entries {
         put_short_string(out, key);
         put_value(out, value);
     }

@@ -682,18 +682,17 @@ fn publish_forward(
     delivery: &Delivery,
     forward: &Forward<'_>,
 ) -> ladder_amqp::Result<impl Future<Output = ladder_amqp::Result<Confirmation>> + use<>> {
-    let empty = FieldTable::new();
-    let keep = |key: &[u8]| forward.carry.is_some_and(|carry| carry.keeps(key));
-    let (properties, carried) = forward.publishing(&delivery.properties, &empty, &keep);
-    publish_confirmed(
-        channel,
-        trace,
-        exchange,
-        routing_key,
-        &delivery.body,
-        properties,
-        carried,
-    )
+    forward.publishing(&delivery.properties, |properties, carried| {
+        publish_confirmed(
+            channel,
+            trace,
+            exchange,
+            routing_key,
+            &delivery.body,
+            properties,
+            carried,
+        )
+    })
 }
 
 /// Publishes persistent and mandatory, and returns the wait for the broker's confirm, which

@@ -279,14 +279,6 @@ pub struct Carry {
 }
 
 impl Carry {
-    /// The carry of a forward made from `props` that writes the headers `except` names anew.
-    fn of(props: &BasicProperties, except: &'static [&'static str]) -> Self {
-        Carry {
-            except,
-            as_received: is_republished_as_received(props),
-        }
-    }
-
     /// Whether a received header named `key` is republished.
     pub fn keeps(&self, key: &[u8]) -> bool {
         !is_stripped(key) && !self.except.iter().any(|e| e.as_bytes() == key)
@@ -299,35 +291,32 @@ impl Forward<'_> {
     /// tracing and tests; the relay writes them without making it
     /// ([`Forward::publishing`]).
     pub fn full_properties(&self, received: &BasicProperties) -> BasicProperties {
-        let empty = FieldTable::new();
-        let keep = |key: &[u8]| self.carry.is_some_and(|carry| carry.keeps(key));
-        match self.publishing(received, &empty, &keep) {
-            (fields, Some(carried)) => fields.with_carried(&carried),
-            (fields, None) => fields.clone(),
-        }
+        self.publishing(received, |fields, carried| match carried {
+            Some(carried) => fields.with_carried(&carried),
+            None => fields.clone(),
+        })
     }
 
-    /// What the relay publishes: the properties whose fields it writes, and the headers it
-    /// carries over from `received` (with `keep`, the carry's own test, and `empty` for a
-    /// delivery without headers) before the forward's own — or none, and the fields' own.
-    pub fn publishing<'b>(
-        &'b self,
-        received: &'b BasicProperties,
-        empty: &'b FieldTable,
-        keep: &'b dyn Fn(&[u8]) -> bool,
-    ) -> (&'b BasicProperties, Option<ladder_amqp::Carried<'b>>) {
-        match self.carry {
-            None => (&self.properties, None),
-            Some(carry) => {
-                let carried = ladder_amqp::Carried {
-                    table: received.headers.as_ref().unwrap_or(empty),
-                    keep,
-                    then: self.properties.headers.as_ref(),
-                };
-                let fields = if carry.as_received { received } else { &self.properties };
-                (fields, Some(carried))
-            }
-        }
+    /// Calls `publish` with what the relay publishes for this forward of a delivery with
+    /// `received` properties: the properties whose fields are written, and the headers carried
+    /// over from `received` before the forward's own — or none, and the fields' own headers.
+    pub fn publishing<R>(
+        &self,
+        received: &BasicProperties,
+        publish: impl FnOnce(&BasicProperties, Option<ladder_amqp::Carried<'_>>) -> R,
+    ) -> R {
+        let Some(carry) = self.carry else {
+            return publish(&self.properties, None);
+        };
+        let keep = |key: &[u8]| carry.keeps(key);
+        let empty = FieldTable::new();
+        let carried = ladder_amqp::Carried {
+            table: received.headers.as_ref().unwrap_or(&empty),
+            keep: &keep,
+            then: self.properties.headers.as_ref(),
+        };
+        let fields = if carry.as_received { received } else { &self.properties };
+        publish(fields, Some(carried))
     }
 
     /// The header `key` the forward publishes: its own, or one it carries over from `received`.
@@ -569,11 +558,12 @@ impl<'a> HopContext<'a> {
             ShortString::from_static(header::RETRY_HISTORY),
             appended_history(h.get(header::RETRY_HISTORY), attempt, &step, now_ms),
         );
+        let (properties, carry) = carrying(props, Some(out), except);
         Decision::Forward(Box::new(Forward {
             exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
             routing_key: Cow::Borrowed(tier.name.as_str()),
-            properties: carrying_properties(props, Some(out)),
-            carry: Some(Carry::of(props, except)),
+            properties,
+            carry: Some(carry),
             destination,
             attempt,
             late_ms: 0,
@@ -767,11 +757,12 @@ impl<'a> HopContext<'a> {
             let tier = self.spec.next_wait(remaining);
             let mut out = FieldTable::with_capacity(1);
             out.push(ShortString::from_static(header::RETRY_TIER), long_string(&tier.name));
+            let (properties, carry) = carrying(props, Some(out), &[header::RETRY_TIER]);
             return Decision::Forward(Box::new(Forward {
                 exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
                 routing_key: Cow::Borrowed(tier.name.as_str()),
-                properties: carrying_properties(props, Some(out)),
-                carry: Some(Carry::of(props, &[header::RETRY_TIER])),
+                properties,
+                carry: Some(carry),
                 destination: target.into_key(),
                 attempt: attempts.unwrap_or(0),
                 late_ms: 0,
@@ -793,11 +784,12 @@ impl<'a> HopContext<'a> {
         // delivered as received; a scheduled delivery as it was published: the ladder's
         // bookkeeping leaves with the wait
         let except = if scheduled { SCHEDULED_BOOKKEEPING } else { &[] };
+        let (properties, carry) = carrying(props, None, except);
         Decision::Forward(Box::new(Forward {
             exchange,
             routing_key,
-            properties: carrying_properties(props, None),
-            carry: Some(Carry::of(props, except)),
+            properties,
+            carry: Some(carry),
             destination: target.into_key(),
             attempt: attempts.unwrap_or(0),
             late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
@@ -1303,16 +1295,24 @@ fn is_republished_as_received(props: &BasicProperties) -> bool {
     props.delivery_mode == Some(2) && props.expiration.is_none() && props.user_id.is_none()
 }
 
-/// The properties of a forward that carries the received headers over ([`Carry::of`]): the
-/// headers it writes, and a copy of the other received ones only when they are not
-/// republished as received.
-fn carrying_properties(props: &BasicProperties, own: Option<FieldTable>) -> BasicProperties {
-    let fields = if is_republished_as_received(props) {
+/// The properties and the carry of a forward made from `props` that writes the headers `own`
+/// (those `except` names): its headers, and a copy of the other received properties only when
+/// they are not republished as received.
+fn carrying(
+    props: &BasicProperties,
+    own: Option<FieldTable>,
+    except: &'static [&'static str],
+) -> (BasicProperties, Carry) {
+    let as_received = is_republished_as_received(props);
+    let fields = if as_received {
         BasicProperties::default()
     } else {
         republished_properties_without_headers(props)
     };
-    BasicProperties { headers: own, ..fields }
+    (
+        BasicProperties { headers: own, ..fields },
+        Carry { except, as_received },
+    )
 }
 
 fn republished_properties_without_headers(props: &BasicProperties) -> BasicProperties {
