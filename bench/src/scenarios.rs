@@ -1162,7 +1162,11 @@ async fn wait_counter(child: &Child, n: u64, within: Duration) -> Result<()> {
 /// Who goes first the `nth` time a rate is measured (from 0): the ladder, then the relay, and
 /// the other way round every other time.
 fn turn_order(nth: usize) -> [&'static str; 2] {
-    if nth % 2 == 0 { ["ladder", "relay"] } else { ["relay", "ladder"] }
+    if nth % 2 == 0 {
+        ["ladder", "relay"]
+    } else {
+        ["relay", "ladder"]
+    }
 }
 
 #[cfg(test)]
@@ -1172,7 +1176,12 @@ mod tests {
         let rates: Vec<_> = (0..4).map(super::turn_order).collect();
         assert_eq!(
             rates,
-            [["ladder", "relay"], ["relay", "ladder"], ["ladder", "relay"], ["relay", "ladder"]]
+            [
+                ["ladder", "relay"],
+                ["relay", "ladder"],
+                ["ladder", "relay"],
+                ["relay", "ladder"]
+            ]
         );
     }
 }

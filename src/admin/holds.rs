@@ -119,10 +119,7 @@ async fn answer(state: &AdminState, ladder: &str) -> Result<HoldsAnswer, HoldErr
     }
     let (busiest, window_ms) = match state.service.ladder(ladder) {
         Some(runtime) => {
-            let mut breaker = runtime
-                .breaker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut breaker = runtime.merged_breaker();
             let window = breaker.policy().window.as_millis() as u64;
             (breaker.busiest(now_ms(), BUSIEST), window)
         }

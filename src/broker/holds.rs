@@ -476,11 +476,7 @@ async fn auto_hold(
             warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "cannot record a failed probe");
         }
     }
-    let actions = ladder
-        .breaker
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .poll(now_ms(), |d| holds.holds_back(d));
+    let actions = ladder.merged_breaker().poll(now_ms(), |d| holds.holds_back(d));
     for BreakerAction::Hold {
         destination,
         why,

@@ -91,6 +91,10 @@ pub struct LadderRuntime {
     /// breaker (polled by `broker::holds::run_releaser` when `auto_hold` is on) and the busiest
     /// destinations of the web page.
     pub breaker: std::sync::Mutex<Breaker>,
+    /// The due hop's deliveries, counted apart from [`breaker`](Self::breaker) (which the
+    /// intake counts into) so the two hops, on two threads, take no lock in common per
+    /// message; absorbed into it by [`LadderRuntime::merged_breaker`].
+    deliveries: std::sync::Mutex<Breaker>,
     /// Probes of the automatic hold this replica's intake saw come back failed, (destination,
     /// probe id), until the releaser records them in the hold stream (within one tick).
     pub probe_failures: std::sync::Mutex<Vec<(String, u64)>>,
@@ -116,12 +120,26 @@ impl LadderRuntime {
             holds: Arc::default(),
             holds_changed: tokio::sync::Notify::new(),
             breaker: std::sync::Mutex::new(Breaker::new(policy)),
+            deliveries: std::sync::Mutex::new(Breaker::new(policy)),
             probe_failures: std::sync::Mutex::default(),
         }
     }
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The breaker with every delivery counted so far: what the automatic hold polls and the
+    /// web page lists. (Locks the breaker, then the deliveries: the hops each take one.)
+    pub fn merged_breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        let mut breaker = self.breaker();
+        let mut deliveries = self
+            .deliveries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        breaker.absorb(&mut deliveries, now_ms());
+        drop(deliveries);
+        breaker
     }
 
     /// A message back at the intake failed at `destination`: counted by the breaker, and if it
@@ -378,7 +396,8 @@ async fn settle(
     let arrival = Arrival {
         now_ms: now,
         routing_key: delivery.routing_key.as_bytes(),
-        draw: fastrand::f64(),
+        // only the intake spreads a delay (`jitter`)
+        draw: if hop == Hop::Intake { fastrand::f64() } else { 0.5 },
         cancelled: ladder.cancelled(props),
     };
     let decide = |props| match hop {
@@ -484,7 +503,11 @@ async fn settle(
             }
             (Step::Deliver(forward, _permit), Confirmation::Ack) => {
                 ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
-                ladder.breaker().delivered(&forward.destination, now);
+                ladder
+                    .deliveries
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .delivered(&forward.destination, now);
                 debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                        late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
                 return Ok(());

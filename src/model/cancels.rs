@@ -121,13 +121,19 @@ impl Cancellations {
 #[derive(Debug, Default)]
 pub struct SharedCancellations {
     inner: RwLock<Cancellations>,
+    /// How many ids `inner` holds, written under its write lock: every hop of every message
+    /// asks whether there are any, and an atomic load shares the cache line for reading where
+    /// taking the read lock wrote the lock's word from both hops' threads.
+    held: std::sync::atomic::AtomicUsize,
     caught_up: std::sync::atomic::AtomicBool,
 }
 
 impl SharedCancellations {
     /// Adds one.
     pub fn add(&self, c: &Cancellation) {
-        self.inner.write().unwrap_or_else(PoisonError::into_inner).add(c);
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        inner.add(c);
+        self.held.store(inner.len(), std::sync::atomic::Ordering::Release);
     }
 
     /// Whether `message_id` is cancelled at `now_ms`.
@@ -140,10 +146,9 @@ impl SharedCancellations {
 
     /// Drops what no longer holds.
     pub fn expire(&self, now_ms: u64) {
-        self.inner
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .expire(now_ms);
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        inner.expire(now_ms);
+        self.held.store(inner.len(), std::sync::atomic::Ordering::Release);
     }
 
     /// Ids held.
@@ -151,9 +156,9 @@ impl SharedCancellations {
         self.inner.read().unwrap_or_else(PoisonError::into_inner).len()
     }
 
-    /// Whether it is empty.
+    /// Whether it is empty (without taking the lock).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.held.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 
     /// The follower read the stream as far as it went when following began.
@@ -188,6 +193,20 @@ mod tests {
         set.add(&Cancellation::new("x", "b", 5_000).unwrap());
         set.expire(11 + MAX_DELAY.as_millis() as u64);
         assert!(set.contains(b"x", 11 + MAX_DELAY.as_millis() as u64));
+    }
+
+    #[test]
+    fn the_shared_set_says_whether_it_holds_any_without_its_lock() {
+        let shared = SharedCancellations::default();
+        assert!(shared.is_empty());
+        let c = Cancellation::new("order-7", "ops", 1_000).unwrap();
+        shared.add(&c);
+        shared.add(&Cancellation::new("order-8", "ops", 2_000).unwrap());
+        assert!(!shared.is_empty() && shared.len() == 2);
+        shared.expire(c.until_ms);
+        assert!(!shared.is_empty() && shared.len() == 1, "order-8 still holds");
+        shared.expire(c.until_ms + 1_000);
+        assert!(shared.is_empty() && shared.len() == 0);
     }
 
     #[test]

@@ -517,6 +517,22 @@ impl Window {
     fn clear(&mut self) {
         self.buckets.clear();
     }
+
+    /// Adds `other`'s counts, bucket by bucket (both oldest first), then drops what left the
+    /// window by `now_ms`.
+    fn absorb(&mut self, other: &Window, window: Duration, now_ms: u64) {
+        for &(n, delivered, failed) in &other.buckets {
+            let at = self.buckets.partition_point(|b| b.0 < n);
+            match self.buckets.get_mut(at) {
+                Some(b) if b.0 == n => {
+                    b.1 = b.1.saturating_add(delivered);
+                    b.2 = b.2.saturating_add(failed);
+                }
+                _ => self.buckets.insert(at, (n, delivered, failed)),
+            }
+        }
+        self.expire(window, now_ms);
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -632,6 +648,24 @@ impl Breaker {
     pub fn failed(&mut self, destination: &str, now_ms: u64) {
         let window = self.policy.window;
         self.watch(destination, now_ms).window.failed(window, now_ms);
+    }
+
+    /// Adds the deliveries and failures `shard` counted since it was last absorbed (a breaker
+    /// with the same policy that one hop counts into, so that the two hops, on two threads, do
+    /// not share one lock per message) and empties it; what it counted as waiting is not
+    /// carried (count that here). Before [`Breaker::poll`] and
+    /// [`Breaker::busiest`]: they then see every count, as if made here.
+    pub fn absorb(&mut self, shard: &mut Breaker, now_ms: u64) {
+        let window = self.policy.window;
+        for (destination, counted) in shard.watched.drain() {
+            let seen_ms = self
+                .watched
+                .get(&destination)
+                .map_or(0, |w| w.seen_ms)
+                .max(counted.seen_ms);
+            let w = self.watch(&destination, seen_ms);
+            w.window.absorb(&counted.window, window, now_ms);
+        }
     }
 
     /// What to do at `now_ms`. `held` says whether a destination is held (or releasing) now,
@@ -874,6 +908,41 @@ mod tests {
             c.delivered("billing", i);
         }
         assert!(c.poll(102, |d| d == "orders").is_empty());
+    }
+
+    /// Deliveries counted in a shard (the due hop's) and absorbed before a poll trip the
+    /// breaker exactly as when counted in it, bucket by bucket; the shard is emptied.
+    #[test]
+    fn deliveries_counted_in_a_shard_count_as_if_counted_in_the_breaker() {
+        let mut whole = Breaker::new(policy());
+        let (mut main, mut shard) = (Breaker::new(policy()), Breaker::new(policy()));
+        // 100 deliveries and 90 failures of orders over 90 s (the window is 60 s), billing healthy
+        for i in 0..100u64 {
+            let at = i * 900;
+            for b in [&mut whole, &mut shard] {
+                b.delivered("orders", at);
+                b.delivered("billing", at);
+            }
+            if i % 10 != 0 {
+                whole.failed("orders", at);
+                main.failed("orders", at);
+            }
+            if i == 50 {
+                // absorbed midway too, as the releaser does every tick
+                main.absorb(&mut shard, at);
+                assert!(shard.watched.is_empty());
+            }
+        }
+        let now = 90_000;
+        main.absorb(&mut shard, now);
+        assert!(shard.watched.is_empty(), "emptied");
+        assert_eq!(main.busiest(now, 10), whole.busiest(now, 10));
+        let (trip_whole, trip_main) = (whole.poll(now, |_| false), main.poll(now, |_| false));
+        assert_eq!(trip_main, trip_whole);
+        assert!(
+            matches!(&trip_main[..], [BreakerAction::Hold { destination, .. }] if destination == "orders"),
+            "{trip_main:?}"
+        );
     }
 
     fn auto_hold(at: u64, hold_ms: u64) -> HoldRecord {

@@ -4,9 +4,10 @@
 //! and numbers handed in by the caller, so it is unit-tested without a broker.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use regex::RegexSet;
 
 /// Which kind of queue holds a ladder's tiers.
@@ -251,27 +252,44 @@ pub struct LadderSpec {
 /// The allow-list's verdicts on the destinations seen, so the regexes run once per destination
 /// rather than on every hop of every message. At most [`Verdicts::KEPT`] are kept; past that a
 /// new destination is matched each time (a bounded memory, whatever the senders name).
+///
+/// Read on every hop by both hops' threads, written once per new destination: the map is
+/// swapped whole ([`ArcSwap`]), so a read takes no lock (a read lock's counter, written from
+/// both threads, moved its cache line between the cores on every hop). A new verdict copies
+/// the map (at most [`Verdicts::KEPT`] entries, once per destination); `adding` keeps two new
+/// destinations from replacing each other's copy.
 #[derive(Debug, Default)]
-struct Verdicts(RwLock<HashMap<Box<str>, bool, foldhash::fast::RandomState>>);
+struct Verdicts {
+    seen: ArcSwap<HashMap<Box<str>, bool, foldhash::fast::RandomState>>,
+    adding: Mutex<()>,
+}
 
 impl Verdicts {
     const KEPT: usize = 4096;
 
     fn allows(&self, allow: &RegexSet, queue: &str) -> bool {
-        let read = self.0.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(verdict) = read.get(queue) {
+        let seen = self.seen.load();
+        if let Some(verdict) = seen.get(queue) {
             return *verdict;
         }
-        let full = read.len() >= Self::KEPT;
-        drop(read);
+        let full = seen.len() >= Self::KEPT;
+        drop(seen);
         let verdict = allow.is_match(queue);
         if !full {
-            let mut write = self.0.write().unwrap_or_else(PoisonError::into_inner);
-            if write.len() < Self::KEPT {
-                write.insert(queue.into(), verdict);
+            let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
+            let seen = self.seen.load();
+            if seen.len() < Self::KEPT && !seen.contains_key(queue) {
+                let mut more = HashMap::clone(&seen);
+                more.insert(queue.into(), verdict);
+                self.seen.store(Arc::new(more));
             }
         }
         verdict
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.seen.load().len()
     }
 }
 
@@ -371,11 +389,10 @@ impl LadderSpec {
     /// the delay levels every wait at least halves what remains, so a delay `d` takes at most
     /// `log2(d / 16 ms) + 1` tiers (28 for 49 days), and a backoff step exactly one.
     pub fn next_wait(&self, remaining: Duration) -> &Tier {
-        self.tiers
-            .iter()
-            .rev()
-            .find(|t| t.delay <= remaining)
-            .unwrap_or_else(|| self.tiers.first().expect("a validated ladder has a tier"))
+        // the tiers are sorted by delay: a binary search reads a handful of them where a walk
+        // from the longest read up to thirty (one cache line each) on every retry
+        let no_longer = self.tiers.partition_point(|t| t.delay <= remaining);
+        &self.tiers[no_longer.saturating_sub(1)]
     }
 
     /// The tier a retry waits in: the attempt's step, lengthened to honour a requested minimum delay.
@@ -437,7 +454,7 @@ mod tests {
         for i in 0..Verdicts::KEPT + 100 {
             assert!(!spec.allows(&format!("q{i}")));
         }
-        assert_eq!(spec.verdicts.0.read().unwrap().len(), Verdicts::KEPT, "bounded");
+        assert_eq!(spec.verdicts.len(), Verdicts::KEPT, "bounded");
         // past the bound, a destination is still matched: the verdicts stay right
         assert!(spec.allows("orders") && !spec.allows("orders3") && !spec.allows("q999999"));
     }
@@ -624,6 +641,28 @@ mod tests {
             worst = worst.max(hops);
         }
         assert!(worst <= 29, "{worst}");
+        // the binary search picks what a walk from the longest tier down picks
+        for remaining in [
+            0,
+            1,
+            15,
+            16,
+            17,
+            999,
+            1_000,
+            1_001,
+            75_000,
+            MAX_DELAY.as_millis() as u64 * 2,
+        ] {
+            let remaining = Duration::from_millis(remaining);
+            let walked = l
+                .tiers
+                .iter()
+                .rev()
+                .find(|t| t.delay <= remaining)
+                .unwrap_or(&l.tiers[0]);
+            assert_eq!(l.next_wait(remaining), walked, "{remaining:?}");
+        }
         for step in [1_000, 10_000, 60_000, 600_000] {
             assert_eq!(
                 l.next_wait(Duration::from_millis(step)).ttl_ms(),
