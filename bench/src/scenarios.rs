@@ -1162,7 +1162,7 @@ async fn wait_counter(child: &Child, n: u64, within: Duration) -> Result<()> {
 /// Who goes first the `nth` time a rate is measured (from 0): the ladder, then the relay, and
 /// the other way round every other time.
 fn turn_order(nth: usize) -> [&'static str; 2] {
-    if nth % 2 == 0 {
+    if nth.is_multiple_of(2) {
         ["ladder", "relay"]
     } else {
         ["relay", "ladder"]

@@ -206,7 +206,8 @@ mod tests {
         shared.expire(c.until_ms);
         assert!(!shared.is_empty() && shared.len() == 1, "order-8 still holds");
         shared.expire(c.until_ms + 1_000);
-        assert!(shared.is_empty() && shared.len() == 0);
+        assert!(shared.is_empty());
+        assert_eq!(shared.len(), 0, "the count and the set agree");
     }
 
     #[test]
