@@ -4,7 +4,7 @@
 //! and numbers handed in by the caller, so it is unit-tested without a broker.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -256,12 +256,11 @@ pub struct LadderSpec {
 /// Read on every hop by both hops' threads, written once per new destination: the map is
 /// swapped whole ([`ArcSwap`]), so a read takes no lock (a read lock's counter, written from
 /// both threads, moved its cache line between the cores on every hop). A new verdict copies
-/// the map (at most [`Verdicts::KEPT`] entries, once per destination); `adding` keeps two new
-/// destinations from replacing each other's copy.
+/// the map (at most [`Verdicts::KEPT`] entries, once per destination), with
+/// [`ArcSwap::rcu`], so two new destinations at once do not replace each other's copy.
 #[derive(Debug, Default)]
 struct Verdicts {
     seen: ArcSwap<HashMap<Box<str>, bool, foldhash::fast::RandomState>>,
-    adding: Mutex<()>,
 }
 
 impl Verdicts {
@@ -276,13 +275,14 @@ impl Verdicts {
         drop(seen);
         let verdict = allow.is_match(queue);
         if !full {
-            let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-            let seen = self.seen.load();
-            if seen.len() < Self::KEPT && !seen.contains_key(queue) {
-                let mut more = HashMap::clone(&seen);
+            self.seen.rcu(|seen| {
+                if seen.len() >= Self::KEPT || seen.contains_key(queue) {
+                    return Arc::clone(seen);
+                }
+                let mut more = HashMap::clone(seen);
                 more.insert(queue.into(), verdict);
-                self.seen.store(Arc::new(more));
-            }
+                Arc::new(more)
+            });
         }
         verdict
     }
