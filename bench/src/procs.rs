@@ -15,6 +15,8 @@ use anyhow::{Context, Result, anyhow};
 pub struct ProcStat {
     /// utime + stime.
     pub cpu: Duration,
+    /// stime alone: the part spent in the kernel on the process's behalf (system calls).
+    pub sys: Duration,
     /// Resident set now (VmRSS), kB.
     pub rss_kb: u64,
     /// Peak resident set (VmHWM), kB.
@@ -41,7 +43,8 @@ pub fn stat(pid: u32) -> Result<ProcStat> {
     // the command name may contain spaces: fields are counted after its closing parenthesis
     let after = &text[text.rfind(')').ok_or_else(|| anyhow!("bad /proc/{pid}/stat"))? + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    let (user, sys): (u64, u64) = (fields[11].parse()?, fields[12].parse()?);
+    let ticks = user + sys;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kb = |key: &str| {
         status
@@ -53,6 +56,7 @@ pub fn stat(pid: u32) -> Result<ProcStat> {
     };
     Ok(ProcStat {
         cpu: Duration::from_micros(ticks * 1_000_000 / clk_tck()),
+        sys: Duration::from_micros(sys * 1_000_000 / clk_tck()),
         rss_kb: kb("VmRSS:"),
         hwm_kb: kb("VmHWM:"),
     })

@@ -66,6 +66,9 @@ pub struct Step {
     pub cpu_s: f64,
     /// Its CPU seconds per 10 000 retries.
     pub cpu_per_10k: f64,
+    /// The part of `cpu_per_10k` spent in the kernel (system calls), seconds per 10 000.
+    #[serde(default)]
+    pub sys_per_10k: f64,
     /// The broker's CPU seconds per 10 000 retries.
     pub broker_cpu_per_10k: f64,
     /// The relay process's resident set at the end of the step, kB.

@@ -253,7 +253,7 @@ pub async fn serve(
         .basic_consume(queue, "", false, FieldTable::new())
         .await
         .map_err(broker)?;
-    info!(queue, "consuming");
+    info!(ladder = %ladder.spec.name, %hop, queue, "consuming");
     if let Some(subscribed) = subscribed {
         let _ = subscribed.send(());
     }
@@ -396,8 +396,13 @@ async fn settle(
     let arrival = Arrival {
         now_ms: now,
         routing_key: delivery.routing_key.as_bytes(),
-        // only the intake spreads a delay (`jitter`)
-        draw: if hop == Hop::Intake { fastrand::f64() } else { 0.5 },
+        // only the intake spreads a delay, and only with `jitter` (a thread-local draw per
+        // retry otherwise thrown away)
+        draw: if hop == Hop::Intake && ladder.spec.jitter.is_some() && ladder.spec.exact_delays {
+            fastrand::f64()
+        } else {
+            0.5
+        },
         cancelled: ladder.cancelled(props),
     };
     let decide = |props| match hop {
@@ -686,6 +691,7 @@ async fn park_one(
     } else {
         error!(
             ladder = %envelope.ladder,
+            %hop,
             parked = %ladder.names.parked,
             reason = %envelope.reason,
             "the parking lot refused a message; holding it and parking again"

@@ -333,15 +333,13 @@ async fn session(
     let mut subscriptions = Vec::new();
     for ladder in ladders {
         for hop in Hop::ALL {
-            let span = info_span!("relay", ladder = %ladder.spec.name, %hop);
+            // Not in a span: a span is entered and left on every poll of the loop, i.e. for
+            // every delivery and confirm; the loop's events name their ladder and hop instead.
             let (ladder, connection, stop) = (ladder.clone(), connection.clone(), shutdown.clone());
             let grace = config.shutdown_grace;
             let (subscribed, is_subscribed) = tokio::sync::oneshot::channel();
             subscriptions.push(is_subscribed);
-            workers.spawn(
-                async move { relay::serve(hop, ladder, &connection, stop, grace, Some(subscribed)).await }
-                    .instrument(span),
-            );
+            workers.spawn(async move { relay::serve(hop, ladder, &connection, stop, grace, Some(subscribed)).await });
         }
     }
     // ready once every consumer runs; a loop that fails first ends the session below
