@@ -655,31 +655,21 @@ impl Bench {
     async fn decide(&mut self, runs: &[(usize, f64)]) -> Result<Vec<bool>> {
         let tries = self.profile.tries;
         let mut decided: Vec<Option<bool>> = vec![None; runs.len()];
-        let (mut counted, mut taken) = (vec![0u32; runs.len()], vec![0u32; runs.len()]);
+        let mut taken = vec![Tries::default(); runs.len()];
         while decided.iter().any(Option::is_none) {
             for (i, &(target, rate)) in runs.iter().enumerate() {
                 if decided[i].is_some() {
                     continue;
                 }
-                taken[i] += 1;
-                if self.step(target, "capacity", rate, self.profile.cap_secs).await?.pass {
-                    decided[i] = Some(true);
-                    continue;
-                }
-                let witness = (0..runs.len()).find(|&w| w != i && decided[w] == Some(true));
-                let stalled = match witness {
-                    Some(w) => {
+                let pass = self.step(target, "capacity", rate, self.profile.cap_secs).await?.pass;
+                let witness = match (pass, (0..runs.len()).find(|&w| w != i && decided[w] == Some(true))) {
+                    (false, Some(w)) => {
                         let (target, rate) = runs[w];
-                        !self.step(target, "capacity", rate, self.profile.cap_secs).await?.pass
+                        Some(self.step(target, "capacity", rate, self.profile.cap_secs).await?.pass)
                     }
-                    None => false,
+                    _ => None,
                 };
-                if !stalled {
-                    counted[i] += 1;
-                }
-                if counted[i] >= tries || taken[i] >= 2 * tries {
-                    decided[i] = Some(false);
-                }
+                decided[i] = taken[i].record(pass, witness, tries);
             }
         }
         Ok(decided.into_iter().map(|d| d == Some(true)).collect())
@@ -1186,6 +1176,31 @@ async fn wait_counter(child: &Child, n: u64, within: Duration) -> Result<()> {
     Ok(())
 }
 
+/// One run's steps in a capacity decision ([`Bench::decide`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Tries {
+    /// Misses that count: no witness to ask, or the witness passed.
+    counted: u32,
+    /// Steps taken, counted or not.
+    taken: u32,
+}
+
+impl Tries {
+    /// Records a step that passed or missed — after a miss, whether the witness passed right
+    /// after (`None`: no run had passed to ask) — and returns the decision once there is one:
+    /// a pass; `tries` counted misses; or twice `tries` steps.
+    fn record(&mut self, pass: bool, witness: Option<bool>, tries: u32) -> Option<bool> {
+        self.taken += 1;
+        if pass {
+            return Some(true);
+        }
+        if witness != Some(false) {
+            self.counted += 1;
+        }
+        (self.counted >= tries || self.taken >= 2 * tries).then_some(false)
+    }
+}
+
 /// Who goes first the `nth` time a rate is measured (from 0): the ladder, then the relay, and
 /// the other way round every other time.
 fn turn_order(nth: usize) -> [&'static str; 2] {
@@ -1198,6 +1213,30 @@ fn turn_order(nth: usize) -> [&'static str; 2] {
 
 #[cfg(test)]
 mod tests {
+    use super::Tries;
+
+    #[test]
+    fn a_miss_counts_unless_the_witness_missed_too() {
+        // no witness, or one that passed: the miss counts; three counted end it
+        let mut t = Tries::default();
+        assert_eq!(t.record(false, None, 3), None);
+        assert_eq!(t.record(false, Some(true), 3), None);
+        assert_eq!(t.record(false, Some(true), 3), Some(false));
+        // a miss beside a missing witness is a stall: not counted, the run is tried again
+        let mut t = Tries::default();
+        assert_eq!(t.record(false, Some(false), 3), None);
+        assert_eq!(t.record(false, Some(false), 3), None);
+        assert_eq!(t.record(true, None, 3), Some(true));
+        // but stalls do not go on for ever: twice `tries` steps decide it
+        let mut t = Tries::default();
+        for _ in 0..5 {
+            assert_eq!(t.record(false, Some(false), 3), None);
+        }
+        assert_eq!(t.record(false, Some(false), 3), Some(false));
+        // a smoke run's single try
+        assert_eq!(Tries::default().record(false, None, 1), Some(false));
+    }
+
     #[test]
     fn a_rate_measured_again_swaps_who_goes_first() {
         let rates: Vec<_> = (0..4).map(super::turn_order).collect();
