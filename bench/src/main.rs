@@ -51,7 +51,7 @@ struct Cli {
     /// Seconds of tiny load that prove the benchmark still works (CI); results are not kept.
     #[arg(long, global = true)]
     smoke: bool,
-    /// Shorter steps and 100 000 instead of 1 000 000 waiting (~6 minutes), for development.
+    /// Shorter steps and 100 000 instead of 1 000 000 waiting (~15 minutes), for development.
     #[arg(long, global = true)]
     quick: bool,
     /// Where results.md, results.json and the plots go (default: `benchmarks/`; smoke: a

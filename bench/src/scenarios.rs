@@ -111,7 +111,7 @@ impl Profile {
         self.only.is_empty() || self.only.iter().any(|p| p == name)
     }
 
-    /// The documented full run (~20 minutes).
+    /// The documented full run (~20 minutes after the quiet-machine wait).
     pub fn full() -> Self {
         Profile {
             name: "full",
@@ -140,7 +140,7 @@ impl Profile {
         }
     }
 
-    /// Shorter steps, coarser search, 100 000 waiting (~6 minutes), for development.
+    /// Shorter steps, coarser search, 100 000 waiting (~15 minutes), for development.
     pub fn quick() -> Self {
         Profile {
             name: "quick",
