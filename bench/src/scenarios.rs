@@ -126,9 +126,9 @@ impl Profile {
             bisect: 2,
             tries: 3,
             fixed_rates: vec![200.0, 1000.0],
-            // a minute of CPU per process at 80 % of capacity: one window's CPU per retry varies
-            // by ~8 % (the relay's more than the ladder's: how the broker batches deliveries),
-            // so the pooled ratio of six moves by ~3 % between runs, of three by ~5 %
+            // a minute of CPU per process at 80 % of capacity: one 5 s window's CPU per retry
+            // varied by ~8 % (the relay's more than the ladder's: how the broker batches
+            // deliveries), and six of them pooled moved the ratio by ~0.04 between runs
             cpu_windows: 6,
             mix: (200.0, 20.0, 1000, 10_000, 10),
             inproc: (10_000, 100_000),

@@ -396,9 +396,9 @@ async fn settle(
     let arrival = Arrival {
         now_ms: now,
         routing_key: delivery.routing_key.as_bytes(),
-        // only the intake spreads a delay, and only with `jitter` (a thread-local draw per
-        // retry otherwise thrown away)
-        draw: if hop == Hop::Intake && ladder.spec.jitter.is_some() && ladder.spec.exact_delays {
+        // only the intake spreads a delay, and only when the ladder has a spread (a
+        // thread-local draw per retry otherwise thrown away)
+        draw: if hop == Hop::Intake && ladder.spec.spread().is_some() {
             fastrand::f64()
         } else {
             0.5

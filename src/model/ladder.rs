@@ -370,6 +370,12 @@ impl LadderSpec {
             .unwrap_or_else(|| self.steps.last().expect("a validated ladder has a step"))
     }
 
+    /// The spread a retry's delay takes: `jitter`, which applies only with exact delays. Without
+    /// one, [`LadderSpec::retry_delay`] does not read its draw (and the intake draws none).
+    pub fn spread(&self) -> Option<Jitter> {
+        self.jitter.filter(|_| self.exact_delays)
+    }
+
     /// How long retry number `attempt` waits: its step (spread by `jitter` with `draw`),
     /// lengthened to a requested minimum delay. Without exact delays, rounded up to a step.
     pub fn retry_delay(&self, attempt: u32, min_delay: Option<Duration>, draw: f64) -> Duration {
@@ -380,7 +386,7 @@ impl LadderSpec {
                 _ => step,
             };
         }
-        let spread = self.jitter.map_or(step, |j| j.apply(step, draw));
+        let spread = self.spread().map_or(step, |j| j.apply(step, draw));
         min_delay.map_or(spread, |wanted| wanted.max(spread))
     }
 
@@ -669,6 +675,19 @@ mod tests {
                 step,
                 "a step is one tier"
             );
+        }
+    }
+
+    #[test]
+    fn without_a_spread_the_draw_is_not_read() {
+        let mut l = ladder(&[10_000], 3);
+        l.jitter = Some(Jitter { permille: 100 });
+        assert!(l.spread().is_some());
+        for (jitter, exact) in [(None, true), (Some(Jitter { permille: 100 }), false)] {
+            l.jitter = jitter;
+            l.set_exact_delays(exact);
+            assert!(l.spread().is_none());
+            assert_eq!(l.retry_delay(1, None, 0.0), l.retry_delay(1, None, 0.999_999));
         }
     }
 
