@@ -43,8 +43,9 @@ pub struct Delivery {
     pub routing_key: ShortString,
     /// Its properties; default when they did not decode (see `undecodable`).
     pub properties: BasicProperties,
-    /// The property bytes as received, when they did not decode.
-    pub undecodable: Option<Undecodable>,
+    /// The property bytes as received, when they did not decode. Boxed: it is rare, and a
+    /// delivery is held by every future that handles one.
+    pub undecodable: Option<Box<Undecodable>>,
     /// The body.
     pub body: Vec<u8>,
 }
@@ -390,7 +391,10 @@ impl ChannelShared {
             Some(WireProperties::Decoded(p)) => (*p, None),
             Some(WireProperties::Raw { bytes, error }) => {
                 let lossy = BasicProperties::decode(&mut Reader::lossy(&bytes)).ok();
-                (BasicProperties::default(), Some(Undecodable { bytes, error, lossy }))
+                (
+                    BasicProperties::default(),
+                    Some(Box::new(Undecodable { bytes, error, lossy })),
+                )
             }
             None => (BasicProperties::default(), None),
         };

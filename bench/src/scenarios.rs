@@ -651,13 +651,21 @@ impl Bench {
     /// passed (the other process) steps again at its own rate as a witness, and if the witness
     /// misses too, the broker or the machine stalled and the miss is not counted (a stall of a
     /// few seconds used to hit one process three times in a row and end its ramp alone). At
-    /// most twice [`Profile::tries`] steps per run, counted or not.
-    async fn decide(&mut self, runs: &[(usize, f64)]) -> Result<Vec<bool>> {
+    /// most twice [`Profile::tries`] steps per run, counted or not; after a stall the broker
+    /// is given [`Profile::idle_wait`] twice over before the next step, so that a stall of a
+    /// minute does not use up a run's steps in a row.
+    ///
+    /// `first` is the run that steps first (then the others in turn): the capacity ramp
+    /// changes it at every new rate, since the first step at a new rate meets the broker's
+    /// own warm-up to it (quorum logs growing, a process's first burst) more often than the
+    /// second does.
+    async fn decide(&mut self, runs: &[(usize, f64)], first: usize) -> Result<Vec<bool>> {
         let tries = self.profile.tries;
         let mut decided: Vec<Option<bool>> = vec![None; runs.len()];
         let mut taken = vec![Tries::default(); runs.len()];
         while decided.iter().any(Option::is_none) {
-            for (i, &(target, rate)) in runs.iter().enumerate() {
+            for i in rotated(runs.len(), first) {
+                let (target, rate) = runs[i];
                 if decided[i].is_some() {
                     continue;
                 }
@@ -669,6 +677,10 @@ impl Bench {
                     }
                     _ => None,
                 };
+                if witness == Some(false) {
+                    eprintln!("  both missed: a stall of the broker or the machine, not counted");
+                    tokio::time::sleep(self.profile.idle_wait * 2).await;
+                }
                 decided[i] = taken[i].record(pass, witness, tries);
             }
         }
@@ -683,10 +695,14 @@ impl Bench {
         let mut pass: [f64; 2] = [0.0; 2];
         let mut fail: [Option<f64>; 2] = [None; 2];
         let mut rate = self.profile.start_rate;
+        // who steps first at a new rate: the ladder, then the relay, in turn
+        let mut round = 0;
         while fail.iter().any(Option::is_none) && rate <= self.profile.max_rate {
             let open: Vec<usize> = (0..2).filter(|&i| fail[i].is_none()).collect();
             let runs: Vec<(usize, f64)> = open.iter().map(|&i| (targets[i], rate)).collect();
-            for (&i, ok) in open.iter().zip(self.decide(&runs).await?) {
+            let first = round % runs.len();
+            round += 1;
+            for (&i, ok) in open.iter().zip(self.decide(&runs, first).await?) {
                 if ok {
                     pass[i] = rate;
                 } else {
@@ -705,7 +721,9 @@ impl Bench {
                 }
             }
             let runs: Vec<(usize, f64)> = open.iter().map(|&(i, mid)| (targets[i], mid)).collect();
-            for (&(i, mid), ok) in open.iter().zip(self.decide(&runs).await?) {
+            let first = round % runs.len().max(1);
+            round += 1;
+            for (&(i, mid), ok) in open.iter().zip(self.decide(&runs, first).await?) {
                 if ok {
                     pass[i] = mid;
                 } else {
@@ -1201,6 +1219,11 @@ impl Tries {
     }
 }
 
+/// The runs `0..len` in turn, starting with `first` (a capacity decision's order).
+fn rotated(len: usize, first: usize) -> impl Iterator<Item = usize> {
+    (0..len).map(move |k| (k + first) % len)
+}
+
 /// Who goes first the `nth` time a rate is measured (from 0): the ladder, then the relay, and
 /// the other way round every other time.
 fn turn_order(nth: usize) -> [&'static str; 2] {
@@ -1235,6 +1258,15 @@ mod tests {
         assert_eq!(t.record(false, Some(false), 3), Some(false));
         // a smoke run's single try
         assert_eq!(Tries::default().record(false, None, 1), Some(false));
+    }
+
+    #[test]
+    fn a_capacity_decision_starts_with_the_run_named_first() {
+        assert_eq!(super::rotated(2, 0).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(super::rotated(2, 1).collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(super::rotated(1, 0).collect::<Vec<_>>(), [0]);
+        assert_eq!(super::rotated(3, 2).collect::<Vec<_>>(), [2, 0, 1]);
+        assert_eq!(super::rotated(0, 0).count(), 0);
     }
 
     #[test]

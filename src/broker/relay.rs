@@ -268,14 +268,19 @@ pub async fn serve(
     // atomic updates of it per delivery made that cache line travel between the cores
     let (ladder, channel, gate) = (&*ladder, &channel, &gate);
     let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
-    // A one-shot told by a task of its own when `shutdown` fires: the loop polls it after every
-    // delivery, and a one-shot's poll is one atomic load, where a token's `cancelled()` takes
-    // the token's lock each time. The task ends with the loop (dropped handle: aborted).
+    // Told by a task of its own when `shutdown` fires, twice: a one-shot the loop polls when it
+    // has nothing else to do, and a flag it reads after every delivery, as under load the
+    // deliveries and confirms are always ready first. Neither is polled per delivery: a
+    // one-shot's poll registers the loop's waker and takes the runtime's budget, and a token's
+    // `is_cancelled()` takes the token's lock. The task ends with the loop (dropped handle:
+    // aborted).
     let (stop, mut stopping) = tokio::sync::oneshot::channel::<()>();
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _told = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
-        let shutdown = shutdown.clone();
+        let (shutdown, stopped) = (shutdown.clone(), stopped.clone());
         async move {
             shutdown.cancelled().await;
+            stopped.store(true, std::sync::atomic::Ordering::Release);
             let _ = stop.send(());
         }
     }));
@@ -283,12 +288,17 @@ pub async fn serve(
         tokio::select! {
             biased;
             Some(settled) = in_flight.next() => { let settled: ladder_amqp::Result<()> = settled; settled.map_err(broker)? }
-            _ = &mut stopping => break,
             next = consumer.next() => match next {
-                Some(Ok(delivery)) => in_flight.push(handle(hop, ladder, channel, gate, delivery)),
+                Some(Ok(delivery)) => {
+                    in_flight.push(handle(hop, ladder, channel, gate, delivery));
+                    if stopped.load(std::sync::atomic::Ordering::Acquire) {
+                        break;
+                    }
+                }
                 Some(Err(source)) => return Err(broker(source)),
                 None => return Err(RelayError::Cancelled { hop, ladder: ladder.spec.name.clone() }),
             },
+            _ = &mut stopping => break,
         }
     }
 
@@ -393,81 +403,97 @@ async fn settle(
     let trace = ladder
         .telemetry
         .start_hop(hop, &ladder.names, &ladder.spec.name, props, delivery.body.len(), now);
-    let arrival = Arrival {
-        now_ms: now,
-        routing_key: delivery.routing_key.as_bytes(),
-        // only the intake spreads a delay, and only when the ladder has a spread (a
-        // thread-local draw per retry otherwise thrown away)
-        draw: if hop == Hop::Intake && ladder.spec.spread().is_some() {
-            fastrand::f64()
-        } else {
-            0.5
-        },
-        cancelled: ladder.cancelled(props),
-    };
-    let decide = |props| match hop {
-        Hop::Intake => ladder.context().intake_at(props, &arrival),
-        Hop::Due => ladder.context().due_at(props, &arrival),
-        Hop::Quarantine => Decision::Park(ladder.context().dead_lettered(props)),
-    };
-    let decision = match &delivery.undecodable {
-        None => decide(props),
-        // parked as the bytes received; the shallow headers still say where it was headed
-        Some(raw) => Decision::Park(protocol::undecodable(&raw.error, raw.lossy.as_ref().map(decide))),
-    };
-    if let Some(trace) = &trace {
-        trace.decided(&decision, props);
-    }
-    let trace = trace.as_ref();
-    let mut step = match decision {
-        Decision::Forward(forward)
-            if forward.kind == ForwardKind::Deliver
-                && forward.exchange.is_empty()
-                && ladder.holds.holds_back(&forward.destination) =>
-        {
-            Step::Hold(forward)
-        }
-        Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => {
-            match gate.enter(&forward.destination).await {
+    // The decision and what it needs live in a block of their own, which ends before the first
+    // wait: what a future holds across a wait is kept for as long as the delivery is in flight,
+    // and this one is allocated per delivery. `Err`: a delivery that needs a slot of its
+    // destination first.
+    let mut step = {
+        let entering = {
+            let arrival = Arrival {
+                now_ms: now,
+                routing_key: delivery.routing_key.as_bytes(),
+                // only the intake spreads a delay, and only when the ladder has a spread (a
+                // thread-local draw per retry otherwise thrown away)
+                draw: if hop == Hop::Intake && ladder.spec.spread().is_some() {
+                    fastrand::f64()
+                } else {
+                    0.5
+                },
+                cancelled: ladder.cancelled(props),
+            };
+            let decide = |props| match hop {
+                Hop::Intake => ladder.context().intake_at(props, &arrival),
+                Hop::Due => ladder.context().due_at(props, &arrival),
+                Hop::Quarantine => Decision::Park(ladder.context().dead_lettered(props)),
+            };
+            let decision = match &delivery.undecodable {
+                None => decide(props),
+                // parked as the bytes received; the shallow headers still say where it was headed
+                Some(raw) => Decision::Park(protocol::undecodable(&raw.error, raw.lossy.as_ref().map(decide))),
+            };
+            if let Some(trace) = &trace {
+                trace.decided(&decision, props);
+            }
+            match decision {
+                Decision::Forward(forward)
+                    if forward.kind == ForwardKind::Deliver
+                        && forward.exchange.is_empty()
+                        && ladder.holds.holds_back(&forward.destination) =>
+                {
+                    Ok(Step::Hold(forward))
+                }
+                Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => Err(forward),
+                Decision::Forward(forward) => {
+                    // a retry of a message the due hop delivered: a failure of its destination
+                    if hop == Hop::Intake && forward.attempt >= 2 {
+                        ladder.failed_at(&forward.destination, props, now);
+                    }
+                    Ok(Step::Schedule(forward))
+                }
+                Decision::Park(park) => {
+                    if hop == Hop::Intake
+                        && park.reason == ParkReason::MaxAttempts
+                        && let Some(destination) = &park.destination
+                    {
+                        ladder.failed_at(destination, props, now);
+                    }
+                    Ok(Step::Park(park))
+                }
+            }
+        };
+        match entering {
+            Ok(step) => step,
+            Err(forward) => match gate.enter(&forward.destination).await {
                 Some(permit) => Step::Deliver(forward, permit),
                 None => Step::Defer(DeferReason::Busy),
-            }
-        }
-        Decision::Forward(forward) => {
-            // a retry of a message the due hop delivered: a failure of its destination
-            if hop == Hop::Intake && forward.attempt >= 2 {
-                ladder.failed_at(&forward.destination, props, now);
-            }
-            Step::Schedule(forward)
-        }
-        Decision::Park(park) => {
-            if hop == Hop::Intake
-                && park.reason == ParkReason::MaxAttempts
-                && let Some(destination) = &park.destination
-            {
-                ladder.failed_at(destination, props, now);
-            }
-            Step::Park(park)
+            },
         }
     };
+    let trace = trace.as_ref();
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    let mut refused = None;
     let mut deferred_due_ms = 0;
     loop {
         let publish = match &step {
+            // each publish is bound before its wait: a `?` on the wait's expression would keep
+            // its own copy of the wait in the future, beside the wait
             Step::Schedule(forward) | Step::Deliver(forward, _) => {
-                publish_forward(
+                let confirmed = publish_forward(
                     channel,
                     trace,
                     &forward.exchange,
                     &forward.routing_key,
                     delivery,
                     forward,
-                )?
-                .await?
+                )?;
+                confirmed.await?
             }
             Step::Hold(forward) => {
-                let queue = ladder.names.held_queue(&forward.destination);
-                publish_forward(channel, trace, "", &queue, delivery, forward)?.await?
+                let confirmed = {
+                    let queue = ladder.names.held_queue(&forward.destination);
+                    publish_forward(channel, trace, "", &queue, delivery, forward)?
+                };
+                confirmed.await?
             }
             Step::Defer(reason) => {
                 // made and published in a block of its own, so it is not kept across the wait
@@ -481,9 +507,9 @@ async fn settle(
                         &forward.routing_key,
                         delivery,
                         &forward,
-                    )
+                    )?
                 };
-                confirmed?.await?
+                confirmed.await?
             }
             // boxed: parking is rare, and its state would make every delivery's future larger
             Step::Park(park) => Box::pin(park_one(hop, ladder, channel, delivery, park, trace)).await?,
@@ -571,10 +597,14 @@ async fn settle(
                 }
                 let pause = backoff.next_wait();
                 warn!(ladder = %ladder.spec.name, %hop, retry_in = ?pause, "broker refused a publish; holding the delivery and publishing again");
-                Box::pin(tokio::time::sleep(pause)).await;
+                refused = Some(pause);
                 step
             }
         };
+        // the pause outside the match, which would keep its (step, confirmation) across it
+        if let Some(pause) = refused.take() {
+            Box::pin(tokio::time::sleep(pause)).await;
+        }
     }
 }
 

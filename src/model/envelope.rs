@@ -861,11 +861,11 @@ mod tests {
             exchange: ShortString::try_from("x").unwrap(),
             routing_key: ShortString::default(),
             properties: BasicProperties::default(),
-            undecodable: Some(ladder_amqp::Undecodable {
+            undecodable: Some(Box::new(ladder_amqp::Undecodable {
                 bytes: vec![0x20, 0, 1, 2, 3],
                 error: ladder_amqp::types::DecodeError::TooDeep,
                 lossy: None,
-            }),
+            })),
             body: b"b".to_vec(),
         };
         let original = OriginalMessage::capture_delivery(&delivery);

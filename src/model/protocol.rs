@@ -1114,18 +1114,8 @@ fn push_history_entry(text: &mut String, attempt: u64, tier: &str, failed_at_ms:
 
 /// Appends `n` in decimal: what `write!` would, without the formatting machinery (this runs on
 /// every retry the intake schedules).
-fn push_decimal(text: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    text.extend(digits[at..].iter().map(|&d| char::from(d)));
+fn push_decimal(text: &mut String, n: u64) {
+    text.push_str(itoa::Buffer::new().format(n));
 }
 
 /// A `retry-to` value as a queue name, or what is wrong with it.

@@ -137,6 +137,13 @@ impl DestinationGate {
             slots.waiting += 1;
             (slots.destination.clone(), slots.freed.clone())
         };
+        // boxed: waiting is rare, and its state would make every delivery's future larger
+        Box::pin(self.wait_for(name, freed)).await
+    }
+
+    /// Waits for a slot of the destination `name` after `enter` counted the delivery as
+    /// waiting for it.
+    async fn wait_for(&self, name: Arc<str>, freed: Arc<Notify>) -> Option<GatePermit> {
         let waiting = Waiting { gate: self, name };
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
