@@ -137,14 +137,14 @@ impl DestinationGate {
             slots.waiting += 1;
             (slots.destination.clone(), slots.freed.clone())
         };
+        // counted as waiting from here on: the guard uncounts it however the wait ends
+        let waiting = Waiting { gate: self, name };
         // boxed: waiting is rare, and its state would make every delivery's future larger
-        Box::pin(self.wait_for(name, freed)).await
+        Box::pin(self.wait_for(waiting, freed)).await
     }
 
-    /// Waits for a slot of the destination `name` after `enter` counted the delivery as
-    /// waiting for it.
-    async fn wait_for(&self, name: Arc<str>, freed: Arc<Notify>) -> Option<GatePermit> {
-        let waiting = Waiting { gate: self, name };
+    /// Waits for a slot of the destination `waiting` counts the delivery as waiting for.
+    async fn wait_for(&self, waiting: Waiting<'_>, freed: Arc<Notify>) -> Option<GatePermit> {
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
             // made before the check, so a slot freed in between still wakes it
