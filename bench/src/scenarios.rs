@@ -655,10 +655,10 @@ impl Bench {
     /// is given [`Profile::idle_wait`] twice over before the next step, so that a stall of a
     /// minute does not use up a run's steps in a row.
     ///
-    /// `first` is the run that steps first (then the others in turn): the capacity ramp
-    /// changes it at every new rate, since the first step at a new rate meets the broker's
-    /// own warm-up to it (quorum logs growing, a process's first burst) more often than the
-    /// second does.
+    /// `first` (modulo the number of runs) is the run that steps first, then the others in
+    /// turn: the capacity ramp changes it at every new rate, since the first step at a new
+    /// rate meets the broker's own warm-up to it (quorum logs growing, a process's first
+    /// burst) more often than the second does.
     async fn decide(&mut self, runs: &[(usize, f64)], first: usize) -> Result<Vec<bool>> {
         let tries = self.profile.tries;
         let mut decided: Vec<Option<bool>> = vec![None; runs.len()];
@@ -700,9 +700,9 @@ impl Bench {
         while fail.iter().any(Option::is_none) && rate <= self.profile.max_rate {
             let open: Vec<usize> = (0..2).filter(|&i| fail[i].is_none()).collect();
             let runs: Vec<(usize, f64)> = open.iter().map(|&i| (targets[i], rate)).collect();
-            let first = round % runs.len();
+            let decided = self.decide(&runs, round).await?;
             round += 1;
-            for (&i, ok) in open.iter().zip(self.decide(&runs, first).await?) {
+            for (&i, ok) in open.iter().zip(decided) {
                 if ok {
                     pass[i] = rate;
                 } else {
@@ -721,9 +721,9 @@ impl Bench {
                 }
             }
             let runs: Vec<(usize, f64)> = open.iter().map(|&(i, mid)| (targets[i], mid)).collect();
-            let first = round % runs.len().max(1);
+            let decided = self.decide(&runs, round).await?;
             round += 1;
-            for (&(i, mid), ok) in open.iter().zip(self.decide(&runs, first).await?) {
+            for (&(i, mid), ok) in open.iter().zip(decided) {
                 if ok {
                     pass[i] = mid;
                 } else {
@@ -1219,7 +1219,8 @@ impl Tries {
     }
 }
 
-/// The runs `0..len` in turn, starting with `first` (a capacity decision's order).
+/// The runs `0..len` in turn, starting with `first` taken modulo `len` (a capacity decision's
+/// order; the ramp passes its round).
 fn rotated(len: usize, first: usize) -> impl Iterator<Item = usize> {
     (0..len).map(move |k| (k + first) % len)
 }
@@ -1266,7 +1267,8 @@ mod tests {
         assert_eq!(super::rotated(2, 1).collect::<Vec<_>>(), [1, 0]);
         assert_eq!(super::rotated(1, 0).collect::<Vec<_>>(), [0]);
         assert_eq!(super::rotated(3, 2).collect::<Vec<_>>(), [2, 0, 1]);
-        assert_eq!(super::rotated(0, 0).count(), 0);
+        assert_eq!(super::rotated(2, 5).collect::<Vec<_>>(), [1, 0]);
+        assert_eq!(super::rotated(0, 3).count(), 0);
     }
 
     #[test]

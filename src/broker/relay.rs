@@ -268,19 +268,17 @@ pub async fn serve(
     // atomic updates of it per delivery made that cache line travel between the cores
     let (ladder, channel, gate) = (&*ladder, &channel, &gate);
     let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
-    // Told by a task of its own when `shutdown` fires, twice: a one-shot the loop polls when it
-    // has nothing else to do, and a flag it reads after every delivery, as under load the
-    // deliveries and confirms are always ready first. Neither is polled per delivery: a
-    // one-shot's poll registers the loop's waker and takes the runtime's budget, and a token's
-    // `is_cancelled()` takes the token's lock. The task ends with the loop (dropped handle:
+    // A one-shot told by a task of its own when `shutdown` fires. The loop polls it last, when
+    // nothing else is ready, and under load — when deliveries and confirms are always ready
+    // first — looks at it after every delivery without waiting (`try_recv`: one atomic load; a
+    // poll registers the loop's waker and takes the runtime's budget, and a token's
+    // `is_cancelled()` takes the token's lock). The task ends with the loop (dropped handle:
     // aborted).
     let (stop, mut stopping) = tokio::sync::oneshot::channel::<()>();
-    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let _told = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
-        let (shutdown, stopped) = (shutdown.clone(), stopped.clone());
+        let shutdown = shutdown.clone();
         async move {
             shutdown.cancelled().await;
-            stopped.store(true, std::sync::atomic::Ordering::Release);
             let _ = stop.send(());
         }
     }));
@@ -291,7 +289,7 @@ pub async fn serve(
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
                     in_flight.push(handle(hop, ladder, channel, gate, delivery));
-                    if stopped.load(std::sync::atomic::Ordering::Acquire) {
+                    if !matches!(stopping.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
                         break;
                     }
                 }
