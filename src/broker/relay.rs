@@ -330,7 +330,7 @@ pub async fn serve(
 /// cache, larger ones from its shared bins — callgrind counted 2 % fewer instructions per retry
 /// and 7 % fewer instruction-cache and 10 % fewer data-cache misses with the box (BENCHMARKS.md,
 /// seventh pass).
-#[allow(clippy::manual_async_fn, reason = "an async fn would keep the delivery twice")]
+#[allow(clippy::manual_async_fn, reason = "an async fn would keep its arguments twice")]
 fn handle<'a>(
     hop: Hop,
     ladder: &'a LadderRuntime,
