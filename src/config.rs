@@ -1,6 +1,6 @@
 //! Configuration: the service file (`ladder.toml`) and one file per ladder under `ladders_dir`.
 //!
-//! Two stages: raw serde structs that reject unknown keys, then [`validate`] rules that
+//! Two stages: raw serde structs that reject unknown keys, then `validate` rules that
 //! produce the typed [`Config`]. Every error names the file, the key and the problem, so
 //! `ladder check` can print it and exit 64 before anything touches the broker. No I/O here
 //! but reading the files; the environment is handed in as a map so tests never mutate it.

@@ -7,7 +7,7 @@
 //! confirmed by a later ack may already have arrived. So a return is matched here by what it
 //! carries: among the publishes not yet confirmed and not yet matched, the oldest one with the
 //! same exchange and routing key and the same body, `message_id` and `correlation_id`
-//! ([`Fingerprint`]). When an ack then confirms a publish, the publish is `Returned` if a return
+//! (`Fingerprint`). When an ack then confirms a publish, the publish is `Returned` if a return
 //! was matched to it, else `Ack` — whatever order the acks of a `multiple` are processed in.
 //! Two publishes that are alike in all of these are interchangeable: one of them was returned,
 //! and either answer describes the same message.

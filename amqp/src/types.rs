@@ -561,7 +561,7 @@ const TABLE_SLACK: usize = 8;
 
 impl FromIterator<(ShortString, FieldValue)> for FieldTable {
     /// Allocates once for as many entries as the iterator may yield (a filter of a table: at
-    /// most the table's), plus [`TABLE_SLACK`]: growing entry by entry would reallocate at
+    /// most the table's), plus `TABLE_SLACK`: growing entry by entry would reallocate at
     /// 4, 8 and 16 entries, which the headers of a dead-lettered message reach.
     fn from_iter<I: IntoIterator<Item = (ShortString, FieldValue)>>(iter: I) -> Self {
         let iter = iter.into_iter();

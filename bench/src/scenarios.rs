@@ -59,6 +59,14 @@ pub const TIER: &str = "1s";
 /// Its TTL.
 pub const TIER_MS: u64 = 1000;
 
+/// The broker is quiet between steps when it uses less than this share of a core (an idle
+/// RabbitMQ 3.10 here: under 0.01; after a missed capacity step at 12 000–16 000/s it took
+/// 3–4 s to get below this).
+pub const QUIET_BROKER: f64 = 0.1;
+
+/// Over this long.
+pub const QUIET_SAMPLE: Duration = Duration::from_secs(1);
+
 /// How long and how hard each part runs.
 #[derive(Debug, Clone)]
 pub struct Profile {
@@ -74,6 +82,8 @@ pub struct Profile {
     pub drain: Duration,
     /// Between steps, how long to wait for the queues to empty before purging them.
     pub idle_wait: Duration,
+    /// Then, how long to wait at most for the broker to go quiet ([`QUIET_BROKER`]).
+    pub quiet_wait: Duration,
     /// First rate of the capacity ramp.
     pub start_rate: f64,
     /// Ramp factor.
@@ -120,6 +130,7 @@ impl Profile {
             fixed_secs: 10.0,
             drain: Duration::from_secs(10),
             idle_wait: Duration::from_secs(5),
+            quiet_wait: Duration::from_secs(60),
             start_rate: 1000.0,
             factor: 1.5,
             max_rate: 40_000.0,
@@ -167,6 +178,7 @@ impl Profile {
             fixed_secs: 1.0,
             drain: Duration::from_secs(15),
             idle_wait: Duration::from_secs(3),
+            quiet_wait: Duration::from_secs(5),
             start_rate: 50.0,
             factor: 2.0,
             max_rate: 50.0,
@@ -514,6 +526,40 @@ impl Bench {
         self.broker_pid.and_then(|p| procs::stat(p).ok()).unwrap_or_default()
     }
 
+    /// Waits until the broker used less than [`QUIET_BROKER`] of a core over a
+    /// [`QUIET_SAMPLE`], at most `within`; returns the seconds waited. A step that starts while
+    /// the broker still works off the step before measures that step, not its own process (in
+    /// pass 10 on 3.10 the ladder's bisection steps at 6 000/s came right after the relay's
+    /// misses at 12 000–16 000/s, with the broker at 10–21 s of CPU per 10 000 retries where a
+    /// healthy step takes 2.5–4, and missed). Both processes wait alike. Without the broker's
+    /// pid (a broker elsewhere) it does not wait.
+    async fn broker_quiet(&self, within: Duration) -> f64 {
+        let Some(pid) = self.broker_pid else { return 0.0 };
+        let started = Instant::now();
+        loop {
+            let Ok(before) = procs::stat(pid) else { return 0.0 };
+            tokio::time::sleep(QUIET_SAMPLE).await;
+            let Ok(after) = procs::stat(pid) else { return 0.0 };
+            let busy = after.cpu.saturating_sub(before.cpu).as_secs_f64() / QUIET_SAMPLE.as_secs_f64();
+            let waited = started.elapsed();
+            if busy < QUIET_BROKER || waited >= within {
+                if waited >= Duration::from_secs(5) {
+                    eprintln!(
+                        "  the broker took {:.0} s to go quiet ({:.2} of a core{})",
+                        waited.as_secs_f64(),
+                        busy,
+                        if busy < QUIET_BROKER {
+                            ""
+                        } else {
+                            ", still busy: stepping anyway"
+                        }
+                    );
+                }
+                return waited.as_secs_f64();
+            }
+        }
+    }
+
     fn target(&self, label: &str, cfg: &str) -> usize {
         self.targets
             .iter()
@@ -532,6 +578,7 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        let settle_s = self.broker_quiet(self.profile.quiet_wait).await;
         let count = (rate * secs).round().max(1.0) as u64;
         // More than 1% of the step over 100 ms late means p99 > 100 ms: a certain miss.
         let late_limit = count / 100;
@@ -613,6 +660,7 @@ impl Bench {
             sys_per_10k: per_10k(after.0.sys.saturating_sub(before.0.sys)),
             broker_cpu_per_10k: per_10k(after.1.cpu.saturating_sub(before.1.cpu)),
             rss_kb: after.0.rss_kb,
+            broker_settle_s: settle_s,
             pass,
         };
         eprintln!(

@@ -73,6 +73,9 @@ pub struct Step {
     pub broker_cpu_per_10k: f64,
     /// The relay process's resident set at the end of the step, kB.
     pub rss_kb: u64,
+    /// Before the step, seconds waited for the broker to go quiet (`scenarios::QUIET_BROKER`).
+    #[serde(default)]
+    pub broker_settle_s: f64,
     /// p99 e2e < 100 ms, nothing lost or refused, offered rate achieved.
     pub pass: bool,
 }

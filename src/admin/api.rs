@@ -14,7 +14,7 @@
 //! Every error under `/api` is `{"error": "..."}` JSON: the handlers' own, the extractors'
 //! (a body, path or query that does not parse is 400, never axum's text/plain 400 or 422; a
 //! body that is not `application/json` is 415), and the router's (no such route 404, a method
-//! the route does not take 405), which [`json_errors`] rewrites.
+//! the route does not take 405), which `json_errors` rewrites.
 //!
 //! Reading is open to whoever reaches the admin server (it binds to loopback by default);
 //! replay, discard and cancel need `Authorization: Bearer <token>` with a token from `admin.tokens`, and

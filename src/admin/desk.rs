@@ -12,6 +12,8 @@
 //! [`crate::broker::lot::OperatorLock`]. After taking both, a marker is appended to the stream and
 //! the action waits until the index has read it, so a second replica never selects what the
 //! first just resolved.
+//!
+//! [`LotIndex`]: crate::model::lot::index::LotIndex
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};

@@ -1,5 +1,5 @@
 //! What every request to the admin server passes before a handler sees it, as axum layers
-//! ([`crate::admin::router`] applies them): the `Host` must be one this server answers to (no
+//! ([`crate::admin::router`](fn@crate::admin::router) applies them): the `Host` must be one this server answers to (no
 //! DNS rebinding), a state-changing request must come from the server's own pages or from no
 //! browser at all (no cross-site form posts), the URI and the body are bounded, and every
 //! response carries the headers that keep a browser from framing, sniffing or leaking it.
@@ -104,7 +104,7 @@ fn host_of(request: &Request<Body>) -> Option<&str> {
 /// opens can resolve a name of its own to 127.0.0.1 (DNS rebinding) and then read whatever a
 /// loopback bind was meant to keep local, but its requests carry that name. IP addresses, the
 /// loopback names and `admin.allowed_hosts` pass; so do health and metrics
-/// ([`ANY_HOST_PATHS`]).
+/// (`ANY_HOST_PATHS`).
 pub async fn allowed_host(Extract(state): Extract<Arc<AdminState>>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if ANY_HOST_PATHS.contains(&path) {

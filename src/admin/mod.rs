@@ -7,6 +7,9 @@
 //! [`Snapshot`]); the parking-lot routes use the [`Desk`]'s own connection. All of it is off the
 //! worker path — a slow scrape, a long replay or a stuck client cannot hold up a relay loop,
 //! and the relay never waits for it.
+//!
+//! [`Snapshot`]: crate::admin::snapshot::Snapshot
+//! [`Desk`]: crate::admin::desk::Desk
 
 use std::sync::Arc;
 
@@ -50,7 +53,7 @@ async fn until_ready(service: &State, shutdown: &CancellationToken) -> bool {
     true
 }
 
-/// Serves [`router`] on `listener` until `shutdown`, then lets open requests finish.
+/// Serves [`router`](fn@router) on `listener` until `shutdown`, then lets open requests finish.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: CancellationToken) -> std::io::Result<()> {
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())

@@ -3,7 +3,7 @@
 //! Hand-written rather than derived: the answers' types live in other wings (the model's
 //! envelope, the desk's jobs), which should not carry an HTTP library's derives, and the
 //! limits it states come from the constants the handlers use, so they cannot drift. Two tests
-//! keep it true: [`tests`] checks that every route of [`crate::admin::router`] outside the web
+//! keep it true: `tests` checks that every route of [`crate::admin::router`](fn@crate::admin::router) outside the web
 //! page is described and every described route answers, and `tests/it/openapi.rs` checks real
 //! answers from a running server against the schemas here (every operation, errors included).
 //! `scripts/test` also lets schemathesis (PyPI) drive the API from this description.

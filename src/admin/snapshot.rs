@@ -39,6 +39,8 @@ pub struct LadderSnapshot {
     pub name: String,
     /// `(role, message count)` per queue, roles as in [`Names::queues`]; `None` when this poll
     /// could not read the broker. A count is `None` when the queue does not exist.
+    ///
+    /// [`Names::queues`]: crate::model::names::Names::queues
     pub depths: Option<Vec<(String, Option<u64>)>>,
     /// The service's counters after the poll.
     pub counters: Counters,
@@ -47,7 +49,7 @@ pub struct LadderSnapshot {
     /// The accounting check's state after this poll.
     pub accounting: AccountingStatus,
     /// Per tier: when the next message this process put into it leaves, and how many it put in
-    /// that have not left ([`LadderMetrics::next_leaves`]).
+    /// that have not left ([`LadderMetrics::next_leaves`](crate::metrics::LadderMetrics::next_leaves)).
     pub next_leaves: Vec<(String, Option<(u64, u64)>)>,
     /// Per bucket of `ladder_lateness_seconds`, this process's observations so far (not
     /// cumulative, `+Inf` last), for the history's lateness per minute.

@@ -17,6 +17,8 @@
 //!
 //! Pure parts — filters, rate pacing, time bounds, rendering — do no I/O and are unit-tested
 //! here; the broker parts bound every await.
+//!
+//! [`LotIndex`]: crate::model::lot::index::LotIndex
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

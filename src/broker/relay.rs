@@ -10,7 +10,7 @@
 //!
 //! No single message or destination may hold a loop up:
 //! - the due hop has at most `max_in_flight_per_destination` deliveries in flight to one queue
-//!   ([`gate`]); more for it wait for a slot briefly while it keeps confirming, else they — and
+//!   (`gate`); more for it wait for a slot briefly while it keeps confirming, else they — and
 //!   what it refuses (a nack) — go back into a tier without an attempt being counted
 //!   ([`crate::model::protocol::HopContext::defer`]), so a full or stalled queue cannot take the
 //!   prefetch from the others;

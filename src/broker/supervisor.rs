@@ -79,7 +79,7 @@ pub enum ServiceError {
 }
 
 /// Opens a connection named after the config to the first of its brokers that answers (each
-/// attempt bounded by [`CONNECT_TIMEOUT`]).
+/// attempt bounded by `CONNECT_TIMEOUT`).
 pub async fn connect(amqp: &AmqpConfig) -> ladder_amqp::Result<Connection> {
     connect_named(amqp, &amqp.connection_name).await
 }

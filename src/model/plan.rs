@@ -30,6 +30,8 @@ pub enum Declaration {
         /// queue with, if they differ: RabbitMQ refuses to change a queue's arguments, so an
         /// existing queue of that shape is kept as it is, and [`apply`] says how to add what it
         /// lacks with a policy.
+        ///
+        /// [`apply`]: crate::broker::topology::apply
         older: Option<Vec<(&'static str, ArgValue)>>,
     },
     /// A binding of `queue` to `exchange` with `key`.

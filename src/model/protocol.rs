@@ -98,7 +98,7 @@ pub const MAX_HEADER_DEPTH: usize = 32;
 /// `retry-history` keeps only this many entries, the newest. 16 covers every retry of a
 /// typical ladder, and of a replay or two, while bounding the header however often a message
 /// fails: an entry is at most 59 bytes with its comma (a 20-digit attempt, a tier name of at
-/// most [`MAX_HISTORY_TIER_BYTES`], a 20-digit time; a real one is about 25), so the header stays
+/// most `MAX_HISTORY_TIER_BYTES`, a 20-digit time; a real one is about 25), so the header stays
 /// under 1 KB, a small share of the default 16 KiB `max_header_bytes`.
 pub const MAX_HISTORY_ENTRIES: usize = 16;
 
@@ -982,7 +982,7 @@ const PER_PASS_HEADERS: [&str; 6] = [
 
 /// Properties to replay a parked message with: the same stripping as every republish (broker
 /// headers, `expiration`, `user_id` moved to `retry-original-user-id`, persistent), minus the
-/// per-pass ladder headers ([`PER_PASS_HEADERS`]) so the attempt count starts again (lineage:
+/// per-pass ladder headers (`PER_PASS_HEADERS`) so the attempt count starts again (lineage:
 /// `retry-first-failed-at` and `retry-history` stay), plus `extra` headers (the caller's
 /// lineage, e.g. `retry-replayed-from`).
 pub fn replay_properties(props: &BasicProperties, extra: &[(&str, FieldValue)]) -> BasicProperties {

@@ -40,7 +40,7 @@ impl Filter {
         *self == Filter::default()
     }
 
-    /// Whether a field narrows that the [`LotIndex`] does not hold exactly (headers, body,
+    /// Whether a field narrows that the [`LotIndex`](super::index::LotIndex) does not hold exactly (headers, body,
     /// ladder; message and correlation ids, which it keeps as 64-bit hashes), so the candidates'
     /// records must be read and checked with [`Filter::matches`]. The index may over-select,
     /// never mis-select: whatever it over-selects is dropped here.

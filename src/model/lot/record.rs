@@ -72,6 +72,8 @@ pub struct ParkedEntry {
     pub resolution: Option<Resolution>,
     /// A body stored apart from the envelope, when it was read back ([`ParkingLot::show`]
     /// reads it; lists do not). Not serialized: the API serves it at `…/parked/{offset}/body`.
+    ///
+    /// [`ParkingLot::show`]: crate::broker::lot::ParkingLot::show
     #[serde(skip)]
     pub body_apart: Option<Vec<u8>>,
 }
