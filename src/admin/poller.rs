@@ -305,11 +305,19 @@ fn report(ladder: &mut Tracked, verdict: Verdict, state: &State) {
     }
 }
 
-/// The poller's own connection and channel, kept across polls.
+/// Passive declares a poll has in flight at once, each on a channel of its own (the client
+/// makes one call at a time per channel). One at a time, a ladder with exact delays (some
+/// thirty queues) took as many round trips — and wake-ups of the service — every poll; eight
+/// at once go out in one write and come back in about one read.
+const PARALLEL_READS: usize = 8;
+
+/// The poller's own connection and channels, kept across polls.
 #[derive(Default)]
 struct Broker {
     connection: Option<Connection>,
-    channel: Option<Channel>,
+    /// Up to [`PARALLEL_READS`]; `None` where one was closed (a passive declare of a missing
+    /// queue closes its channel) or not opened yet.
+    channels: Vec<Option<Channel>>,
     /// The error of the latest failed poll; `None` while polls succeed.
     last_error: Option<String>,
     /// Queues found missing, so each is logged once until it reappears.
@@ -317,34 +325,38 @@ struct Broker {
 }
 
 impl Broker {
-    /// Reads the message count of every queue in `queues` (`(role, name)`). A missing queue is
-    /// worth a warning only once the service declared its topology (`declared`).
+    /// Reads the message count of every queue in `queues` (`(role, name)`), up to
+    /// [`PARALLEL_READS`] at once. A missing queue is worth a warning only once the service
+    /// declared its topology (`declared`).
     async fn read(&mut self, amqp: &AmqpConfig, queues: &[(String, String)], declared: bool) -> Result<Read, String> {
         let mut depths = Vec::with_capacity(queues.len());
         let (mut intake_consumers, mut due_consumers) = (None, None);
-        for (role, queue) in queues {
-            let count = match self.declare_passive(amqp, queue).await? {
-                Some((messages, consumers)) => {
-                    if self.missing.remove(queue) {
-                        info!(queue = %queue, "queue exists again");
+        for batch in queues.chunks(PARALLEL_READS) {
+            let counts = self.declare_passive(amqp, batch).await?;
+            for ((role, queue), count) in batch.iter().zip(counts) {
+                let count = match count {
+                    Some((messages, consumers)) => {
+                        if self.missing.remove(queue) {
+                            info!(queue = %queue, "queue exists again");
+                        }
+                        match role.as_str() {
+                            "intake" => intake_consumers = Some(consumers),
+                            "due" => due_consumers = Some(consumers),
+                            _ => {}
+                        }
+                        Some(u64::from(messages))
                     }
-                    match role.as_str() {
-                        "intake" => intake_consumers = Some(consumers),
-                        "due" => due_consumers = Some(consumers),
-                        _ => {}
+                    None => {
+                        if !declared {
+                            debug!(queue = %queue, "queue not found (not declared yet)");
+                        } else if self.missing.insert(queue.clone()) {
+                            warn!(queue = %queue, "queue not found although the topology was declared; was it deleted?");
+                        }
+                        None
                     }
-                    Some(u64::from(messages))
-                }
-                None => {
-                    if !declared {
-                        debug!(queue = %queue, "queue not found (not declared yet)");
-                    } else if self.missing.insert(queue.clone()) {
-                        warn!(queue = %queue, "queue not found although the topology was declared; was it deleted?");
-                    }
-                    None
-                }
-            };
-            depths.push((role.clone(), count));
+                };
+                depths.push((role.clone(), count));
+            }
         }
         Ok(Read {
             depths,
@@ -352,39 +364,61 @@ impl Broker {
         })
     }
 
-    /// `(messages, consumers)` of `queue`, `None` if it does not exist; `Err` if the broker
-    /// cannot be read (the connection is then dropped, to be rebuilt next time).
-    async fn declare_passive(&mut self, amqp: &AmqpConfig, queue: &str) -> Result<Option<(u32, u32)>, String> {
-        let channel = self.channel(amqp).await?;
-        let declared = tokio::time::timeout(BROKER_CALL_TIMEOUT, channel.queue_inspect(queue)).await;
-        match declared {
-            Ok(Ok(q)) => Ok(Some((q.message_count, q.consumer_count))),
-            // a failed passive declare closes the channel: take a new one for the next queue
-            Ok(Err(e)) if not_found(&e) => {
-                self.channel = None;
-                Ok(None)
-            }
-            Ok(Err(e)) => {
-                self.reset().await;
-                Err(format!("reading {queue}: {e}"))
-            }
-            Err(_) => {
-                self.reset().await;
-                Err(format!("reading {queue}: no answer within {BROKER_CALL_TIMEOUT:?}"))
+    /// `(messages, consumers)` of each queue of `batch` (at most [`PARALLEL_READS`]), read at
+    /// once, each on a channel of its own; `None` for a queue that does not exist. `Err` if the
+    /// broker cannot be read (the connection is then dropped, to be rebuilt next time).
+    async fn declare_passive(
+        &mut self,
+        amqp: &AmqpConfig,
+        batch: &[(String, String)],
+    ) -> Result<Vec<Option<(u32, u32)>>, String> {
+        let mut channels = Vec::with_capacity(batch.len());
+        for slot in 0..batch.len() {
+            channels.push(self.channel(amqp, slot).await?);
+        }
+        let declared = futures_util::future::join_all(
+            batch
+                .iter()
+                .zip(&channels)
+                .map(|((_, queue), channel)| tokio::time::timeout(BROKER_CALL_TIMEOUT, channel.queue_inspect(queue))),
+        )
+        .await;
+        let mut counts = Vec::with_capacity(batch.len());
+        for (slot, ((_, queue), declared)) in batch.iter().zip(declared).enumerate() {
+            match declared {
+                Ok(Ok(q)) => counts.push(Some((q.message_count, q.consumer_count))),
+                // a failed passive declare closes its channel: a new one is opened for the next
+                Ok(Err(e)) if not_found(&e) => {
+                    self.channels[slot] = None;
+                    counts.push(None);
+                }
+                Ok(Err(e)) => {
+                    self.reset().await;
+                    return Err(format!("reading {queue}: {e}"));
+                }
+                Err(_) => {
+                    self.reset().await;
+                    return Err(format!("reading {queue}: no answer within {BROKER_CALL_TIMEOUT:?}"));
+                }
             }
         }
+        Ok(counts)
     }
 
-    /// The open channel, connecting and opening one first if needed.
-    async fn channel(&mut self, amqp: &AmqpConfig) -> Result<Channel, String> {
-        if let Some(channel) = &self.channel
+    /// The open channel of `slot`, connecting and opening one first if needed.
+    async fn channel(&mut self, amqp: &AmqpConfig, slot: usize) -> Result<Channel, String> {
+        if self.channels.len() <= slot {
+            self.channels.resize(slot + 1, None);
+        }
+        if let Some(channel) = &self.channels[slot]
             && channel.is_open()
         {
             return Ok(channel.clone());
         }
-        self.channel = None;
+        self.channels[slot] = None;
         if !self.connection.as_ref().is_some_and(Connection::is_open) {
             self.reset().await;
+            self.channels.resize(slot + 1, None);
             let connection = service::connect(amqp)
                 .await
                 .map_err(|e| format!("cannot reach the broker: {e}"))?;
@@ -404,14 +438,14 @@ impl Broker {
                 return Err(format!("opening a channel: no answer within {BROKER_CALL_TIMEOUT:?}"));
             }
         };
-        self.channel = Some(channel.clone());
+        self.channels[slot] = Some(channel.clone());
         Ok(channel)
     }
 
     /// Closes the connection (bounded: a dead or stuck broker must not hold up the poller) so the
     /// next call connects afresh.
     async fn reset(&mut self) {
-        self.channel = None;
+        self.channels.clear();
         if let Some(connection) = self.connection.take() {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "resetting")).await;
         }

@@ -321,3 +321,54 @@ async fn no_false_alarm_while_hundreds_of_retries_flow() {
     eprintln!("verdicts seen while busy: {verdicts:?}");
     admin.stop().await;
 }
+
+/// Ten long tiers: `delay.10m` … `delay.19m`, with the ladder's other queues more than one
+/// batch of the poller's parallel reads.
+const TEN_LONG: &str = r#"
+backoff = ["10m", "11m", "12m", "13m", "14m", "15m", "16m", "17m", "18m", "19m"]
+max_attempts = 20
+allow = ["^{ns}-"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn depths_read_in_parallel_stay_with_their_queues_and_a_missing_one_spoils_none() {
+    let mut t = TestLadder::configure_with("admin-many", FAST_POLLS, TEN_LONG).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.queue_name("orders");
+    // tier i (10+i minutes) gets i + 1 messages: the (i+1)-th attempt waits in it
+    for i in 0..10i64 {
+        for n in 0..=i {
+            let body = format!("tier {i} #{n}");
+            let previous = if i == 0 { None } else { Some(i) };
+            t.publish(&t.intake(), "", body.as_bytes(), retry_props(&orders, previous))
+                .await;
+        }
+    }
+    let tier = |i: usize| format!("delay.{}m", 10 + i);
+    let all_there = |v: &serde_json::Value| (0..10).all(|i| v["ladders"][0]["depths"][tier(i)] == i + 1);
+    let v = admin.wait_ladders("every tier's depth", all_there).await;
+    assert!(v["broker_error"].is_null(), "{v:#}");
+    assert_eq!(v["ladders"][0]["depths"]["intake"], 0, "{v:#}");
+
+    // a tier deleted behind the service's back: its count is gone, every other one is right,
+    // in this poll and the ones after (a passive declare of a missing queue closes its channel)
+    let missing = format!("{}.{}", t.intake(), tier(3));
+    t.channel.queue_delete(&missing).await.unwrap();
+    for _ in 0..3 {
+        let v = admin
+            .wait_ladders("the deleted tier shows as missing", |v| {
+                v["ladders"][0]["depths"][tier(3)].is_null() && v["ladders"][0]["depths"].is_object()
+            })
+            .await;
+        assert!(v["broker_error"].is_null(), "a missing queue is no broker error: {v:#}");
+        let depths = &v["ladders"][0]["depths"];
+        for i in (0..10).filter(|&i| i != 3) {
+            assert_eq!(depths[tier(i)], i + 1, "{}: {v:#}", tier(i));
+        }
+        assert_eq!(depths["intake"], 0, "{v:#}");
+        assert_eq!(depths["due"], 0, "{v:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    admin.stop().await;
+}
