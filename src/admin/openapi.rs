@@ -435,7 +435,7 @@ fn holds_paths() -> Value {
                 "required": ["destination"],
                 "properties": {
                     "destination": {"type": "string", "minLength": 1, "maxLength": 255},
-                    "rate": {"type": "string", "pattern": "^\\s*[0-9]+\\s*/\\s*[smh]\\s*$"},
+                    "rate": nullable(json!({"type": "string", "pattern": "^\\s*[0-9]+\\s*/\\s*[smh]\\s*$"})),
                 },
             }),
         )},
@@ -791,6 +791,30 @@ fn schemas() -> Value {
     if let (Some(all), Value::Object(more)) = (schemas.as_object_mut(), more) {
         all.extend(more);
     }
+    // A request field given as `null` is read as left out (serde's `Option`), so say so: a
+    // client that sends `"reason": null` is told it may.
+    for (schema, fields) in [
+        (
+            "Action",
+            &[
+                "destination",
+                "reason",
+                "message_id",
+                "correlation_id",
+                "body_contains",
+                "since",
+                "until",
+                "to",
+                "rate",
+                "wait",
+            ][..],
+        ),
+        ("Edit", &["headers", "body", "body_base64", "to", "wait"][..]),
+    ] {
+        for field in fields {
+            schemas[schema]["properties"][field]["nullable"] = json!(true);
+        }
+    }
     schemas
 }
 
@@ -918,6 +942,56 @@ mod tests {
                 assert!(ids.insert(id.to_string()), "{id} is unique");
             }
         }
+    }
+
+    /// Every request body's schema says `nullable` for exactly the fields its struct reads a
+    /// `null` in as "left out": a field given as `null` is accepted where the description allows
+    /// it and refused (400) where it does not, so a fuzzer or a client reading the description
+    /// meets what the server does.
+    #[test]
+    fn request_fields_are_nullable_exactly_where_the_server_takes_a_null() {
+        use crate::admin::api::{ActionRequest, CancelRequest, EditRequest};
+        use crate::admin::holds::{HoldRequest, ResumeRequest};
+        fn takes<T: serde::de::DeserializeOwned>(body: Value) -> bool {
+            serde_json::from_value::<T>(body).is_ok()
+        }
+        let description = description(&["orders"]);
+        let mut checked = 0;
+        for item in description["paths"].as_object().unwrap().values() {
+            for operation in item.as_object().unwrap().values() {
+                let schema = &operation["requestBody"]["content"]["application/json"]["schema"];
+                if schema.is_null() {
+                    continue;
+                }
+                let schema = match schema["$ref"].as_str() {
+                    Some(reference) => description.pointer(reference.strip_prefix('#').unwrap()).unwrap(),
+                    None => schema,
+                };
+                let id = operation["operationId"].as_str().unwrap();
+                // the least body each takes, its required fields given
+                let (least, parse): (Value, fn(Value) -> bool) = match id {
+                    "replayParked" | "discardParked" => (json!({}), takes::<ActionRequest>),
+                    "editReplayParked" => (json!({}), takes::<EditRequest>),
+                    "cancelScheduled" => (json!({"message_id": "m"}), takes::<CancelRequest>),
+                    "holdDestination" => (json!({"destination": "q"}), takes::<HoldRequest>),
+                    "resumeDestination" => (json!({"destination": "q"}), takes::<ResumeRequest>),
+                    other => panic!("{other} has a request body this test does not know"),
+                };
+                assert!(parse(least.clone()), "{id} takes {least}");
+                for (field, property) in schema["properties"].as_object().unwrap() {
+                    let mut body = least.clone();
+                    body[field] = Value::Null;
+                    let said = property["nullable"] == json!(true);
+                    assert_eq!(
+                        parse(body),
+                        said,
+                        "{id}: `{field}: null` is taken iff the description says nullable ({said})"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 30, "{checked} fields checked");
     }
 
     #[tokio::test]
