@@ -435,7 +435,8 @@ fn holds_paths() -> Value {
                 "required": ["destination"],
                 "properties": {
                     "destination": {"type": "string", "minLength": 1, "maxLength": 255},
-                    "rate": nullable(json!({"type": "string", "pattern": "^\\s*[0-9]+\\s*/\\s*[smh]\\s*$"})),
+                    "rate": nullable(json!({"type": "string", "pattern": "^\\s*([0-9]+\\s*/\\s*[smh])?\\s*$",
+                        "description": "N/s, N/m or N/h; left out, null or blank: the ladder's release_rate"})),
                 },
             }),
         )},

@@ -28,7 +28,12 @@ impl FromStr for Rate {
     fn from_str(text: &str) -> Result<Rate, Invalid> {
         let bad = || Invalid(format!("rate {text:?} is not N/s, N/m or N/h with N >= 1"));
         let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
-        let count: u32 = count.trim().parse().map_err(|_| bad())?;
+        // digits only: `u32`'s parser also takes a leading `+`, which the OpenAPI pattern does not
+        let count = count.trim();
+        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let count: u32 = count.parse().map_err(|_| bad())?;
         let per = match unit.trim() {
             "s" => Duration::from_secs(1),
             "m" => Duration::from_secs(60),
@@ -84,7 +89,7 @@ mod tests {
         assert_eq!("50/s".parse::<Rate>().unwrap().interval(), Duration::from_millis(20));
         assert_eq!(" 30/m ".parse::<Rate>().unwrap().interval(), Duration::from_secs(2));
         assert_eq!("2/h".parse::<Rate>().unwrap().interval(), Duration::from_secs(1800));
-        for bad in ["", "50", "0/s", "-1/s", "5/d", "x/s", "5/"] {
+        for bad in ["", "50", "0/s", "-1/s", "+5/s", "5/d", "x/s", "5/"] {
             assert!(bad.parse::<Rate>().is_err(), "{bad:?} parsed");
         }
     }
