@@ -567,6 +567,19 @@ fn nullable(mut schema: Value) -> Value {
     schema
 }
 
+/// A request's `wait` (a request field read as left out when `null`, as every `Option` one).
+fn job_wait() -> Value {
+    nullable(json!({"type": "string", "description": format!(
+        "how long the request waits for the job, a duration (at most and by default {} s)",
+        JOB_WAIT.as_secs()
+    )}))
+}
+
+/// A request's `to`: another queue to send to.
+fn other_queue() -> Value {
+    nullable(json!({"type": "string", "description": "another queue; it must pass the ladder's allow list"}))
+}
+
 /// A closed object: these properties, all required unless listed in `optional`.
 fn object(properties: Value, optional: &[&str]) -> Value {
     let required: Vec<&String> = properties
@@ -667,18 +680,15 @@ fn schemas() -> Value {
             "description": "what to change before replaying one entry; at least one of headers, set_headers, \
                 body, body_base64, and it must change something",
             "properties": {
-                "headers": {"description": "the headers to replay with, replacing the original's, typed as \
-                    the entry shows them: an object of {\"type\", \"value\"} (or an array of [key, value] pairs)",
-                    "oneOf": [{"type": "object"}, {"type": "array"}]},
+                "headers": nullable(json!({"description": "the headers to replay with, replacing the original's, typed \
+                    as the entry shows them: an object of {\"type\", \"value\"} (or an array of [key, value] pairs)",
+                    "oneOf": [{"type": "object"}, {"type": "array"}]})),
                 "set_headers": {"type": "object", "additionalProperties": {"type": "string"},
                     "description": "headers set to a text value, after headers"},
-                "body": {"type": "string", "description": "the body as UTF-8 text"},
-                "body_base64": {"type": "string", "description": "the body as standard base64"},
-                "to": {"type": "string", "description": "another queue; it must pass the ladder's allow list"},
-                "wait": {"type": "string", "description": format!(
-                    "how long the request waits for the job, a duration (at most and by default {} s)",
-                    JOB_WAIT.as_secs()
-                )},
+                "body": nullable(json!({"type": "string", "description": "the body as UTF-8 text"})),
+                "body_base64": nullable(json!({"type": "string", "description": "the body as standard base64"})),
+                "to": other_queue(),
+                "wait": job_wait(),
             },
         },
     });
@@ -690,21 +700,18 @@ fn schemas() -> Value {
                 needed — and how. `to`, `rate` and `dry_run` are for a replay only.",
             "properties": {
                 "offsets": {"type": "array", "items": count()},
-                "destination": {"type": "string"},
-                "reason": {"type": "string"},
-                "message_id": {"type": "string"},
-                "correlation_id": {"type": "string"},
+                "destination": nullable(json!({"type": "string"})),
+                "reason": nullable(json!({"type": "string"})),
+                "message_id": nullable(json!({"type": "string"})),
+                "correlation_id": nullable(json!({"type": "string"})),
                 "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-                "body_contains": {"type": "string"},
-                "since": {"type": "string", "description": "RFC 3339, or a duration ago (`2h`)"},
-                "until": {"type": "string", "description": "RFC 3339, or a duration ago (`10m`)"},
-                "to": {"type": "string", "description": "another queue; it must pass the ladder's allow list"},
-                "rate": {"type": "string", "description": "at most this many per second, minute or hour: `50/s`"},
+                "body_contains": nullable(json!({"type": "string"})),
+                "since": nullable(json!({"type": "string", "description": "RFC 3339, or a duration ago (`2h`)"})),
+                "until": nullable(json!({"type": "string", "description": "RFC 3339, or a duration ago (`10m`)"})),
+                "to": other_queue(),
+                "rate": nullable(json!({"type": "string", "description": "at most this many per second, minute or hour: `50/s`"})),
                 "dry_run": {"type": "boolean", "default": false},
-                "wait": {"type": "string", "description": format!(
-                    "how long the request waits for the job, a duration (at most and by default {} s)",
-                    JOB_WAIT.as_secs()
-                )},
+                "wait": job_wait(),
             },
         },
         "Outcome": object(json!({
@@ -791,30 +798,6 @@ fn schemas() -> Value {
     });
     if let (Some(all), Value::Object(more)) = (schemas.as_object_mut(), more) {
         all.extend(more);
-    }
-    // A request field given as `null` is read as left out (serde's `Option`), so say so: a
-    // client that sends `"reason": null` is told it may.
-    for (schema, fields) in [
-        (
-            "Action",
-            &[
-                "destination",
-                "reason",
-                "message_id",
-                "correlation_id",
-                "body_contains",
-                "since",
-                "until",
-                "to",
-                "rate",
-                "wait",
-            ][..],
-        ),
-        ("Edit", &["headers", "body", "body_base64", "to", "wait"][..]),
-    ] {
-        for field in fields {
-            schemas[schema]["properties"][field]["nullable"] = json!(true);
-        }
     }
     schemas
 }

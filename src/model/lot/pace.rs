@@ -28,9 +28,10 @@ impl FromStr for Rate {
     fn from_str(text: &str) -> Result<Rate, Invalid> {
         let bad = || Invalid(format!("rate {text:?} is not N/s, N/m or N/h with N >= 1"));
         let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
-        // digits only: `u32`'s parser also takes a leading `+`, which the OpenAPI pattern does not
+        // digits only (none fails to parse): `u32`'s parser also takes a leading `+`, which the
+        // OpenAPI pattern does not
         let count = count.trim();
-        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+        if !count.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
         }
         let count: u32 = count.parse().map_err(|_| bad())?;
