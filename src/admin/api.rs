@@ -74,19 +74,18 @@ pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery,
     };
     let mut include_resolved = false;
     let number = |key: &str, value: &str| {
-        value
-            .parse::<usize>()
-            .map_err(|_| ParkingError::Invalid(format!("{key} must be a whole number, got {value:?}")))
+        whole_number(value).ok_or_else(|| ParkingError::Invalid(format!("{key} must be a whole number, got {value:?}")))
     };
-    for (key, value) in pairs {
-        let value = value.trim();
+    for (key, raw) in pairs {
+        let value = raw.trim();
         let paging = matches!(key.as_str(), "offset" | "limit");
         if (value.is_empty() && !paging) || input.set(key, value)? {
             continue;
         }
         match key.as_str() {
-            "offset" => page.offset = number(key, value)?,
-            "limit" => page.limit = number(key, value)?,
+            // as written: the description's integer has no sign and no blanks
+            "offset" => page.offset = number(key, raw)?,
+            "limit" => page.limit = number(key, raw)?,
             "resolved" => {
                 include_resolved = match value {
                     "include" | "true" | "yes" | "on" => true,
@@ -291,6 +290,32 @@ fn source_text(error: &dyn std::error::Error) -> String {
     innermost.to_string()
 }
 
+/// A whole number as the description's `integer` writes it: digits only. Rust's parsers also
+/// take a leading `+`, which the description does not.
+fn whole_number<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// A path parameter that is a whole number ([`whole_number`]); refused as
+/// "`{key}` must be a whole number" by [`ApiPath`].
+fn path_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    // refused inside the visitor, where axum's path deserializer names the key and the value
+    struct Digits;
+    impl serde::de::Visitor<'_> for Digits {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a whole number")
+        }
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<u64, E> {
+            whole_number(text).ok_or_else(|| E::custom("not a whole number"))
+        }
+    }
+    deserializer.deserialize_str(Digits)
+}
+
 /// Path parameters whose rejections are [`ApiError`]s: a non-numeric offset or job id is 400.
 pub(crate) struct ApiPath<T>(pub(crate) T);
 
@@ -308,7 +333,7 @@ where
             Ok(Path(value)) => Ok(ApiPath(value)),
             Err(PathRejection::FailedToDeserializePathParams(e)) => {
                 let message = match e.kind() {
-                    PathError::ParseErrorAtKey { key, value, .. } => {
+                    PathError::ParseErrorAtKey { key, value, .. } | PathError::DeserializeError { key, value, .. } => {
                         format!("{key} must be a whole number, got {value:?}")
                     }
                     PathError::InvalidUtf8InPathParam { key } => format!("{key} is not UTF-8"),
@@ -349,6 +374,7 @@ pub(crate) struct LadderPath {
 #[derive(Deserialize)]
 pub(crate) struct EntryPath {
     ladder: String,
+    #[serde(deserialize_with = "path_number")]
     offset: u64,
 }
 
@@ -356,6 +382,7 @@ pub(crate) struct EntryPath {
 #[derive(Deserialize)]
 pub(crate) struct JobPath {
     ladder: String,
+    #[serde(deserialize_with = "path_number")]
     id: u64,
 }
 
@@ -896,6 +923,19 @@ mod tests {
             "an empty limit is no number"
         );
         assert!(bad(&[("offset", " ")]).contains("whole number"));
+        // digits only, as the description's integer: no sign, no blanks around it
+        for written in ["+5", " 5", "5 ", "-0", "5.0", "0x5"] {
+            assert!(
+                bad(&[("limit", written)]).contains("limit must be a whole number"),
+                "{written:?}"
+            );
+            assert!(
+                bad(&[("offset", written)]).contains("offset must be a whole number"),
+                "{written:?}"
+            );
+        }
+        let fine = parse_query(&pairs(&[("offset", "007"), ("limit", "0")]), 0).unwrap();
+        assert_eq!((fine.page.offset, fine.page.limit), (7, 0));
         assert!(bad(&[("limit", "5000")]).contains("at most 1000"));
         assert!(bad(&[("header", "novalue")]).contains("key=value"));
         assert!(bad(&[("since", "yesterday-ish")]).contains("RFC 3339"));
@@ -980,6 +1020,9 @@ mod tests {
         let (status, _, text) = refused("GET", "/api/ladders/orders/parked/seven", None, "").await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
         assert_eq!(text, "offset must be a whole number, got \"seven\"");
+        let (status, _, text) = refused("GET", "/api/ladders/orders/parked/%2B7", None, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert_eq!(text, "offset must be a whole number, got \"+7\"");
         let (status, _, text) = refused("GET", "/api/ladders/orders/parked/7/body/more", None, "").await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
         assert_eq!(text, "no such resource: GET /api/ladders/orders/parked/7/body/more");
@@ -999,6 +1042,11 @@ mod tests {
         assert_eq!(
             (status, text.as_str()),
             (StatusCode::BAD_REQUEST, "id must be a whole number, got \"x\"")
+        );
+        let (status, _, text) = refused("GET", "/api/ladders/nope/parked/jobs/+3", None, "").await;
+        assert_eq!(
+            (status, text.as_str()),
+            (StatusCode::BAD_REQUEST, "id must be a whole number, got \"+3\"")
         );
     }
 
