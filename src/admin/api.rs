@@ -41,6 +41,7 @@ use crate::config::OperatorToken;
 use crate::model::lot::edit::Edit;
 use crate::model::lot::filter::{Filter, FilterInput};
 use crate::model::lot::index::Counts;
+use crate::model::lot::pace::whole_number;
 use crate::model::lot::record::ParkedEntry;
 
 /// Entries per page unless the request says otherwise.
@@ -288,15 +289,6 @@ fn source_text(error: &dyn std::error::Error) -> String {
         innermost = source;
     }
     innermost.to_string()
-}
-
-/// A whole number as the description's `integer` writes it: digits only. Rust's parsers also
-/// take a leading `+`, which the description does not.
-fn whole_number<T: std::str::FromStr>(text: &str) -> Option<T> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 /// A path parameter that is a whole number ([`whole_number`]); refused as

@@ -28,13 +28,7 @@ impl FromStr for Rate {
     fn from_str(text: &str) -> Result<Rate, Invalid> {
         let bad = || Invalid(format!("rate {text:?} is not N/s, N/m or N/h with N >= 1"));
         let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
-        // digits only (none fails to parse): `u32`'s parser also takes a leading `+`, which the
-        // OpenAPI pattern does not
-        let count = count.trim();
-        if !count.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        let count: u32 = count.parse().map_err(|_| bad())?;
+        let count: u32 = whole_number(count.trim()).ok_or_else(bad)?;
         let per = match unit.trim() {
             "s" => Duration::from_secs(1),
             "m" => Duration::from_secs(60),
@@ -72,6 +66,15 @@ impl Pacer {
         self.next = Some(slot + self.interval);
         slot - now
     }
+}
+
+/// A whole number as the admin API's description writes one (an OpenAPI `integer`, a rate's
+/// count): digits only. Rust's parsers also take a leading `+`, which the description does not.
+pub fn whole_number<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 #[cfg(test)]
