@@ -84,7 +84,8 @@ struct Cli {
     #[arg(long, global = true)]
     wrap: Option<String>,
     /// Fixed rates to measure instead of 200 and 1000 per second (comma-separated; a rate may
-    /// repeat, to sample it again). 80% of capacity is still added when capacity was measured.
+    /// repeat, to sample it again). 80% of the lower of the ladder's and the relay's capacities is
+    /// still added when capacity was measured.
     #[arg(long, global = true, value_delimiter = ',')]
     rates: Vec<f64>,
     /// Only these tier configurations (comma-separated: quorum-alo, quorum-amo, classic).
@@ -627,15 +628,14 @@ async fn measure(
     }
     for cfg in profile.cfgs.clone().into_iter().filter(|_| profile.runs("fixed")) {
         let mut rates = profile.fixed_rates.clone();
-        let cap = shared
+        let cpu_rate = shared
             .lock()
             .unwrap()
             .capacity
             .iter()
             .find(|c| c.cfg == cfg.key)
-            .map(|c| c.ladder);
-        if let Some(cap) = cap.filter(|&c| c > 0.0) {
-            let r = round50(cap * 0.8);
+            .and_then(|c| c.cpu_rate());
+        if let Some(r) = cpu_rate {
             let already = profile.fixed_rates.iter().filter(|&&x| x == r).count() as u32;
             for _ in already..profile.cpu_windows.max(1) {
                 rates.push(r);

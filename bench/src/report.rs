@@ -127,7 +127,7 @@ fn mark(ok: bool) -> &'static str {
 /// Capacity, ladder / relay: at least this (issue 11).
 pub const CAPACITY_GOAL: f64 = 0.95;
 
-/// CPU per retry at 80% of capacity, ladder / relay: at most this (issue 11).
+/// CPU per retry at 80% of the lower capacity, ladder / relay: at most this (issue 11).
 pub const CPU_GOAL: f64 = 1.1;
 
 /// The fixed-rate steps of `cfg` at `rate` for `target`.
@@ -156,10 +156,9 @@ pub fn pooled_cpu(r: &Results, cfg: &str, target: &str, rate: f64) -> Option<(f6
     (delivered > 0).then(|| (cpu / delivered as f64 * 10_000.0, n))
 }
 
-/// The 80%-of-capacity rate that was measured for `cfg`.
+/// The rate at which CPU per retry was compared for `cfg` ([`Capacity::cpu_rate`]).
 pub fn eighty(r: &Results, cfg: &str) -> Option<f64> {
-    let cap = r.capacity.iter().find(|c| c.cfg == cfg)?;
-    (cap.ladder > 0.0).then(|| crate::round50(cap.ladder * 0.8))
+    r.capacity.iter().find(|c| c.cfg == cfg)?.cpu_rate()
 }
 
 /// Checks every target.
@@ -188,7 +187,7 @@ pub fn verdicts(r: &Results) -> Vec<Verdict> {
             };
             v.push(Verdict {
                 what: format!(
-                    "CPU per retry, ladder / relay ({}, {rate:.0}/s = 80% of capacity{windows})",
+                    "CPU per retry, ladder / relay ({}, {rate:.0}/s = 80% of the lower capacity{windows})",
                     c.cfg
                 ),
                 measured: format!("{ratio:.2} ({l:.2} s vs {x:.2} s per 10 000)"),

@@ -95,6 +95,20 @@ pub struct Capacity {
     pub relay_fail: Option<f64>,
 }
 
+impl Capacity {
+    /// The rate at which CPU per retry is compared: 80 % of the *lower* of the two capacities,
+    /// so that both processes keep up. Above a process's capacity it takes more deliveries per
+    /// wake-up and so spends less CPU per retry; a rate only one of them sustains would favour
+    /// the one that falls behind. `None` when neither passed a step.
+    pub fn cpu_rate(&self) -> Option<f64> {
+        let lower = [self.ladder, self.relay]
+            .into_iter()
+            .filter(|&c| c > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        lower.is_finite().then(|| crate::round50(lower * 0.8))
+    }
+}
+
 /// Lateness of one stream in the short/long mix.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MixStream {
@@ -172,4 +186,27 @@ pub struct Million {
     pub broker_rss_kb: (u64, u64, u64),
     /// Skipped, and why.
     pub skipped: Option<String>,
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::Capacity;
+
+    fn cap(ladder: f64, relay: f64) -> Capacity {
+        Capacity { cfg: "quorum-amo".into(), ladder, relay, ..Capacity::default() }
+    }
+
+    #[test]
+    fn cpu_is_compared_at_eighty_percent_of_the_lower_capacity() {
+        assert_eq!(cap(8000.0, 6000.0).cpu_rate(), Some(4800.0));
+        assert_eq!(cap(4000.0, 6000.0).cpu_rate(), Some(3200.0));
+        assert_eq!(cap(4000.0, 4000.0).cpu_rate(), Some(3200.0));
+    }
+
+    #[test]
+    fn a_process_that_passed_no_step_does_not_set_the_rate() {
+        assert_eq!(cap(4000.0, 0.0).cpu_rate(), Some(3200.0));
+        assert_eq!(cap(0.0, 6000.0).cpu_rate(), Some(4800.0));
+        assert_eq!(cap(0.0, 0.0).cpu_rate(), None);
+    }
 }
