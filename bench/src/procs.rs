@@ -37,6 +37,41 @@ fn clk_tck() -> u64 {
     })
 }
 
+/// The machine's CPU time so far, all cores, from the first line of `/proc/stat`: (total
+/// ticks, ticks stolen by the hypervisor — time a virtual CPU wanted to run and did not).
+pub fn machine_ticks() -> Result<(u64, u64)> {
+    parse_machine_ticks(&std::fs::read_to_string("/proc/stat")?)
+}
+
+fn parse_machine_ticks(text: &str) -> Result<(u64, u64)> {
+    let line = text
+        .lines()
+        .next()
+        .filter(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow!("bad /proc/stat"))?;
+    // user nice system idle iowait irq softirq steal (guest and guest_nice are inside user and nice)
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    if fields.len() < 8 {
+        return Err(anyhow!("bad /proc/stat: {line}"));
+    }
+    Ok((fields.iter().sum(), fields[7]))
+}
+
+/// The share of the machine's CPU time the hypervisor stole between two [`machine_ticks`], %.
+pub fn steal_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.0.saturating_sub(before.0);
+    if total == 0 {
+        0.0
+    } else {
+        after.1.saturating_sub(before.1) as f64 * 100.0 / total as f64
+    }
+}
+
 /// Reads `/proc/<pid>/stat` and `/proc/<pid>/status`.
 pub fn stat(pid: u32) -> Result<ProcStat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("process {pid}"))?;
@@ -285,4 +320,23 @@ pub fn meminfo(key: &str) -> u64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod steal_tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_the_eighth_field_of_the_cpu_line() {
+        let text = "cpu  100 5 50 800 10 1 4 30 0 0\ncpu0 50 2 25 400 5 0 2 15 0 0\n";
+        assert_eq!(parse_machine_ticks(text).unwrap(), (1000, 30));
+        assert!(parse_machine_ticks("cpu0 1 2 3\n").is_err());
+        assert!(parse_machine_ticks("cpu  1 2 3\n").is_err());
+    }
+
+    #[test]
+    fn steal_share_between_two_readings() {
+        assert_eq!(steal_pct((1000, 30), (2000, 130)), 10.0);
+        assert_eq!(steal_pct((1000, 30), (1000, 30)), 0.0);
+    }
 }

@@ -309,6 +309,14 @@ pub fn markdown(r: &Results, plots: &[(&str, &str)]) -> String {
     let _ = writeln!(o, "| Rust | {} |", m.rustc);
     let _ = writeln!(o, "| load average at start | {} ({}) |", r.load_start, r.quiet);
     let _ = writeln!(o, "| load average at end | {} |", r.load_end);
+    if !r.steps.is_empty() {
+        let most = r.steps.iter().map(|s| s.steal_pct).fold(0.0, f64::max);
+        let mean = r.steps.iter().map(|s| s.steal_pct).sum::<f64>() / r.steps.len() as f64;
+        let _ = writeln!(
+            o,
+            "| CPU stolen by the hypervisor during load steps | mean {mean:.1} %, most {most:.1} % (per step in results.json, `steal_pct`) |"
+        );
+    }
     let _ = writeln!(
         o,
         "| ladder service | `target/release/ladder run`, RUST_LOG=warn, prefetch 200, admin server {} |\n",

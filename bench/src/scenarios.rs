@@ -590,6 +590,7 @@ impl Bench {
         let late_limit = count / 100;
         let stop_late = phase == "capacity" && self.profile.stop_late;
         let before = (procs::stat(t.pid)?, self.broker_stat());
+        let machine_before = procs::machine_ticks().unwrap_or_default();
         let (exchange, dest) = (t.intake_exchange.clone(), t.dest.clone());
         let collector = &t.collector;
         let published = broker::publish(
@@ -623,6 +624,7 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let after = (procs::stat(t.pid)?, self.broker_stat());
+        let steal = procs::steal_pct(machine_before, procs::machine_ticks().unwrap_or_default());
         let (samples, duplicates) = collector.take(id);
         let delivered = samples.len() as u64;
         let per_10k = |d: Duration| {
@@ -667,10 +669,11 @@ impl Bench {
             broker_cpu_per_10k: per_10k(after.1.cpu.saturating_sub(before.1.cpu)),
             rss_kb: after.0.rss_kb,
             broker_settle_s: settle_s,
+            steal_pct: steal,
             pass,
         };
         eprintln!(
-            "  {:<9} {:<6} {:<10} {:>7.0}/s: e2e p50 {:>5} p99 {:>6} max {:>6} ms | due p99 {:>6} | {}/{} {}{} | cpu {:.2} s/10k (sys {:.2}), broker {:.2} s/10k | rss {} MB | {}",
+            "  {:<9} {:<6} {:<10} {:>7.0}/s: e2e p50 {:>5} p99 {:>6} max {:>6} ms | due p99 {:>6} | {}/{} {}{} | cpu {:.2} s/10k (sys {:.2}), broker {:.2} s/10k | rss {} MB | steal {:.0}% | {}",
             step.phase,
             step.target,
             step.cfg,
@@ -691,6 +694,7 @@ impl Bench {
             step.sys_per_10k,
             step.broker_cpu_per_10k,
             step.rss_kb / 1024,
+            step.steal_pct,
             if pass { "pass" } else { "MISS" },
         );
         self.steps.push(step.clone());

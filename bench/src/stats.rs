@@ -76,6 +76,10 @@ pub struct Step {
     /// Before the step, seconds waited for the broker to go quiet (`scenarios::QUIET_BROKER`).
     #[serde(default)]
     pub broker_settle_s: f64,
+    /// The share of the machine's CPU time the hypervisor stole during the step, % (a virtual
+    /// machine's neighbours: at tens of percent, a step measures them more than the services).
+    #[serde(default)]
+    pub steal_pct: f64,
     /// p99 e2e < 100 ms, nothing lost or refused, offered rate achieved.
     pub pass: bool,
 }
@@ -193,7 +197,12 @@ mod capacity_tests {
     use super::Capacity;
 
     fn cap(ladder: f64, relay: f64) -> Capacity {
-        Capacity { cfg: "quorum-amo".into(), ladder, relay, ..Capacity::default() }
+        Capacity {
+            cfg: "quorum-amo".into(),
+            ladder,
+            relay,
+            ..Capacity::default()
+        }
     }
 
     #[test]
