@@ -137,6 +137,13 @@ enum Sub {
         #[arg(long)]
         native_url: Option<String>,
     },
+    /// Puts several runs' results.json together: CPU per retry of ladder and relay per run and
+    /// rate, the mean ratio over the runs with a 95 % interval, and all runs pooled.
+    Runs {
+        /// results.json files, one per run.
+        #[arg(required = true)]
+        json: Vec<PathBuf>,
+    },
     /// Writes results.md and the plots again from a results.json (after a change of format).
     Render {
         /// The results.json of a run; the report goes next to it.
@@ -168,6 +175,7 @@ fn main() -> ExitCode {
         }
         Some(Sub::Decide(args)) => child(decide::run(args)),
         Some(Sub::Render { json }) => child(render(&json)),
+        Some(Sub::Runs { json }) => child(runs(&json)),
         Some(Sub::Cleanup { pid, ctl }) => child(runtime.block_on(cleanup(&cli.url, pid, &ctl))),
         Some(Sub::Parking { entries, runs }) => match runtime.block_on(parking_bench(&cli, entries, runs)) {
             Ok(true) => ExitCode::SUCCESS,
@@ -589,6 +597,19 @@ fn render(json: &Path) -> Result<()> {
     let dir = json.parent().unwrap_or_else(|| Path::new("."));
     write_report(&results, dir)?;
     eprintln!("wrote {}", dir.join("results.md").display());
+    Ok(())
+}
+
+fn runs(files: &[PathBuf]) -> Result<()> {
+    let runs = files
+        .iter()
+        .map(|f| {
+            let bytes = std::fs::read(f).with_context(|| f.display().to_string())?;
+            let results: Results = serde_json::from_slice(&bytes).with_context(|| f.display().to_string())?;
+            Ok((f.display().to_string(), results))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    print!("{}", report::runs_summary(&runs));
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The generated report: `results.md` (machine, commands, the targets with pass/miss, every
 //! table) and `results.json` (everything, for later comparison).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::process::Command;
 
@@ -144,16 +145,108 @@ fn fixed_all<'a>(r: &'a Results, cfg: &'a str, target: &'a str, rate: f64) -> im
         .filter(move |s| s.phase == "fixed" && s.cfg == cfg && s.target == target && (s.offered - rate).abs() < 0.5)
 }
 
+/// All the CPU seconds and all the retries of every fixed-rate step of `cfg` at `rate` for
+/// `target`, and how many steps that is.
+fn cpu_and_retries(r: &Results, cfg: &str, target: &str, rate: f64) -> (f64, u64, usize) {
+    fixed_all(r, cfg, target, rate).fold((0.0, 0, 0), |(cpu, delivered, n), s| {
+        (cpu + s.cpu_s, delivered + s.delivered, n + 1)
+    })
+}
+
 /// CPU seconds per 10 000 retries over every fixed-rate step of `cfg` at `rate` for `target`
 /// (all their CPU over all their retries), and how many steps that is.
 pub fn pooled_cpu(r: &Results, cfg: &str, target: &str, rate: f64) -> Option<(f64, usize)> {
-    let (mut cpu, mut delivered, mut n) = (0.0, 0u64, 0);
-    for s in fixed_all(r, cfg, target, rate) {
-        cpu += s.cpu_s;
-        delivered += s.delivered;
-        n += 1;
-    }
+    let (cpu, delivered, n) = cpu_and_retries(r, cfg, target, rate);
     (delivered > 0).then(|| (cpu / delivered as f64 * 10_000.0, n))
+}
+
+/// Two-sided 95 % quantile of Student's t with `df` degrees of freedom (the table's next lower
+/// entry between its rows, so the interval errs wide).
+fn t95(df: usize) -> f64 {
+    const TABLE: [(usize, f64); 17] = [
+        (1, 12.71),
+        (2, 4.30),
+        (3, 3.18),
+        (4, 2.78),
+        (5, 2.57),
+        (6, 2.45),
+        (7, 2.36),
+        (8, 2.31),
+        (9, 2.26),
+        (10, 2.23),
+        (11, 2.20),
+        (12, 2.18),
+        (13, 2.16),
+        (14, 2.14),
+        (15, 2.13),
+        (20, 2.09),
+        (30, 2.04),
+    ];
+    TABLE.iter().rev().find(|(d, _)| *d <= df).map_or(f64::NAN, |(_, t)| *t)
+}
+
+/// Several runs put together (`ladder-bench runs`): for every run and every (configuration,
+/// fixed rate) with at least two ladder windows, the run's CPU per 10 000 retries of both and
+/// their ratio; then per (configuration, rate) the mean of the runs' ratios with a 95 %
+/// Student-t interval over the runs, and all runs pooled. One run's ratio is not a verdict: the
+/// spread between runs (new processes) is larger than within one.
+pub fn runs_summary(runs: &[(String, Results)]) -> String {
+    type Key = (String, u64);
+    let mut ratios: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+    let mut pooled: BTreeMap<Key, [f64; 4]> = BTreeMap::new();
+    let mut o = String::new();
+    for (name, r) in runs {
+        let mut keys: Vec<Key> = r
+            .steps
+            .iter()
+            .filter(|s| s.phase == "fixed")
+            .map(|s| (s.cfg.clone(), s.offered.round() as u64))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let rate = key.1 as f64;
+            let l = cpu_and_retries(r, &key.0, "ladder", rate);
+            let x = cpu_and_retries(r, &key.0, "relay", rate);
+            if l.2 < 2 || l.1 == 0 || x.1 == 0 {
+                continue;
+            }
+            let (ladder, relay) = (l.0 / l.1 as f64 * 1e4, x.0 / x.1 as f64 * 1e4);
+            let _ = writeln!(
+                o,
+                "{name}: {} {}/s, {} windows: ladder {ladder:.3} s, relay {relay:.3} s per 10 000, ratio {:.3}",
+                key.0,
+                key.1,
+                l.2,
+                ladder / relay
+            );
+            ratios.entry(key.clone()).or_default().push(ladder / relay);
+            let p = pooled.entry(key).or_default();
+            for (sum, add) in p.iter_mut().zip([l.0, l.1 as f64, x.0, x.1 as f64]) {
+                *sum += add;
+            }
+        }
+    }
+    let _ = writeln!(o);
+    for (key, v) in &ratios {
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let half = t95(v.len() - 1) * sd / n.sqrt();
+        let p = pooled[key];
+        let _ = writeln!(
+            o,
+            "{} {}/s: {} runs, mean ratio {mean:.3}, 95 % interval {:.3}-{:.3}; pooled {:.3} s vs {:.3} s per 10 000",
+            key.0,
+            key.1,
+            v.len(),
+            mean - half,
+            mean + half,
+            p[0] / p[1] * 1e4,
+            p[2] / p[3] * 1e4
+        );
+    }
+    o
 }
 
 /// The rate at which CPU per retry was compared for `cfg` ([`Capacity::cpu_rate`]).
@@ -576,4 +669,67 @@ pub fn markdown(r: &Results, plots: &[(&str, &str)]) -> String {
         );
     }
     o
+}
+
+#[cfg(test)]
+mod runs_tests {
+    use super::*;
+
+    fn window(target: &str, cpu_s: f64, delivered: u64) -> Step {
+        Step {
+            phase: "fixed".into(),
+            target: target.into(),
+            cfg: "quorum-amo".into(),
+            offered: 4800.0,
+            cpu_s,
+            delivered,
+            ..Step::default()
+        }
+    }
+
+    fn run(ladder_cpu: f64, relay_cpu: f64) -> Results {
+        Results {
+            steps: vec![
+                window("ladder", ladder_cpu, 10_000),
+                window("relay", relay_cpu, 10_000),
+                window("relay", relay_cpu, 10_000),
+                window("ladder", ladder_cpu, 10_000),
+            ],
+            ..Results::default()
+        }
+    }
+
+    #[test]
+    fn runs_give_a_ratio_each_then_their_mean_interval_and_pool() {
+        let runs = vec![("a".to_string(), run(1.1, 1.0)), ("b".to_string(), run(1.3, 1.0))];
+        let text = runs_summary(&runs);
+        assert!(
+            text.contains("a: quorum-amo 4800/s, 2 windows: ladder 1.100 s, relay 1.000 s per 10 000, ratio 1.100"),
+            "{text}"
+        );
+        assert!(
+            text.contains("b: quorum-amo 4800/s, 2 windows: ladder 1.300 s"),
+            "{text}"
+        );
+        // mean 1.2, sd 0.1414, t(1) 12.71: half-width 1.271
+        assert!(
+            text.contains("quorum-amo 4800/s: 2 runs, mean ratio 1.200, 95 % interval -0.071-2.471; pooled 1.200 s vs 1.000 s per 10 000"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_run_with_one_ladder_window_is_left_out() {
+        let mut one = run(1.1, 1.0);
+        one.steps.truncate(3);
+        assert_eq!(runs_summary(&[("a".into(), one)]).trim(), "");
+    }
+
+    #[test]
+    fn t_quantiles_err_wide_between_rows() {
+        assert_eq!(t95(4), 2.78);
+        assert_eq!(t95(25), 2.09);
+        assert_eq!(t95(100), 2.04);
+        assert!(t95(0).is_nan());
+    }
 }
