@@ -5,7 +5,7 @@
 //! reason, queue role — never a message id or a destination queue.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,13 +13,16 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use crate::model::ladder::LadderSpec;
 use crate::model::leaving::LeaveTimes;
 use crate::model::names::Hop;
 use crate::model::protocol::{DeferReason, ParkReason};
+
+mod histogram;
+pub use histogram::DurationHistogram;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LadderLabel {
@@ -60,8 +63,8 @@ struct QueueLabels {
 pub const LATENESS_BUCKETS: usize = 16;
 
 /// Lateness buckets: 1 ms to ~33 s, doubling.
-fn lateness_histogram() -> Histogram {
-    Histogram::new(lateness_bounds())
+fn lateness_histogram() -> DurationHistogram {
+    DurationHistogram::doubling(Duration::from_millis(1), LATENESS_BUCKETS)
 }
 
 /// The upper bounds of `ladder_lateness_seconds`'s buckets, in seconds.
@@ -69,29 +72,9 @@ pub fn lateness_bounds() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, LATENESS_BUCKETS as u16)
 }
 
-/// Per bucket of `ladder_lateness_seconds` (the last is `+Inf`), how many observations fell in
-/// it — not cumulative. prometheus-client does not let its histogram be read back, so the
-/// handles count the same observations a second time here, for the web page's lateness chart.
-#[derive(Debug, Default)]
-pub struct LatenessBuckets([AtomicU64; LATENESS_BUCKETS + 1]);
-
-impl LatenessBuckets {
-    fn observe(&self, seconds: f64) {
-        let i = lateness_bounds()
-            .position(|bound| seconds <= bound)
-            .unwrap_or(LATENESS_BUCKETS);
-        self.0[i].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The counts so far, one per bucket (not cumulative), `+Inf` last.
-    pub fn counts(&self) -> [u64; LATENESS_BUCKETS + 1] {
-        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
-    }
-}
-
 /// Hop latency buckets: 100 µs to ~3.3 s, doubling.
-fn hop_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+fn hop_histogram() -> DurationHistogram {
+    DurationHistogram::doubling(Duration::from_micros(100), 16)
 }
 
 /// The process's metrics.
@@ -106,16 +89,14 @@ pub struct Metrics {
     publish_failures: Family<HopLabels, Counter>,
     returned: Family<HopLabels, Counter>,
     deferred: Family<ReasonLabels, Counter>,
-    lateness: Family<LadderLabel, Histogram, fn() -> Histogram>,
-    hop_duration: Family<HopLabels, Histogram, fn() -> Histogram>,
+    lateness: Family<LadderLabel, DurationHistogram, fn() -> DurationHistogram>,
+    hop_duration: Family<HopLabels, DurationHistogram, fn() -> DurationHistogram>,
     in_flight: Family<HopLabels, Gauge>,
     queue_messages: Family<QueueLabels, Gauge>,
     next_leave: Family<TierLabels, Gauge<f64, AtomicU64>>,
     /// Per (ladder, tier): when what this process put into the tier leaves; shared by every
     /// [`LadderMetrics`] made for the ladder (the relay loops record, the poller reads).
     leaving: Mutex<HashMap<(String, String), SharedLeaveTimes>>,
-    /// Per ladder: the lateness histogram's buckets, readable (shared like `leaving`).
-    lateness_buckets: Mutex<HashMap<String, Arc<LatenessBuckets>>>,
     unaccounted: Family<LadderLabel, Gauge>,
     unaccounted_alarms: Family<LadderLabel, Counter>,
     hold_transitions: Family<KindLabels, Counter>,
@@ -151,7 +132,6 @@ impl Metrics {
             queue_messages: Family::default(),
             next_leave: Family::default(),
             leaving: Mutex::default(),
-            lateness_buckets: Mutex::default(),
             unaccounted: Family::default(),
             unaccounted_alarms: Family::default(),
             hold_transitions: Family::default(),
@@ -346,13 +326,6 @@ impl Metrics {
                 .lateness
                 .get_or_create(&LadderLabel { ladder: ladder.clone() })
                 .clone(),
-            lateness_buckets: self
-                .lateness_buckets
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(ladder.clone())
-                .or_default()
-                .clone(),
             deferred: DeferReason::ALL.map(|reason| {
                 let labels = ReasonLabels {
                     ladder: ladder.clone(),
@@ -419,7 +392,7 @@ pub struct HopMetrics {
     /// Returned publishes.
     pub returned: Counter,
     /// Receive-to-ack latency.
-    pub duration: Histogram,
+    pub duration: DurationHistogram,
     /// Deliveries not yet settled.
     pub in_flight: Gauge,
 }
@@ -486,10 +459,9 @@ pub struct LadderMetrics {
     scheduled: Vec<TierHandles>,
     /// Retries delivered to their destination.
     pub delivered: Counter,
-    /// Due-time lateness of delivered retries.
-    pub lateness: Histogram,
-    /// The same observations, per bucket, readable ([`LadderMetrics::lateness_counts`]).
-    lateness_buckets: Arc<LatenessBuckets>,
+    /// Due-time lateness of delivered retries (per bucket, readable:
+    /// [`LadderMetrics::lateness_counts`]).
+    pub lateness: DurationHistogram,
     parked: [Counter; ParkReason::ALL.len()],
     deferred: [Counter; DeferReason::ALL.len()],
 }
@@ -529,14 +501,14 @@ impl LadderMetrics {
     /// Per bucket of `ladder_lateness_seconds` (bounds [`lateness_bounds`], then `+Inf`), the
     /// observations so far in this process, not cumulative.
     pub fn lateness_counts(&self) -> [u64; LATENESS_BUCKETS + 1] {
-        self.lateness_buckets.counts()
+        let counts = self.lateness.counts();
+        std::array::from_fn(|i| counts.get(i).copied().unwrap_or(0))
     }
 
     /// Counts a delivered retry and its lateness.
     pub fn delivered(&self, late: Duration) {
         self.delivered.inc();
-        self.lateness.observe(late.as_secs_f64());
-        self.lateness_buckets.observe(late.as_secs_f64());
+        self.lateness.observe(late);
     }
 
     /// Counts a parked message.

@@ -231,17 +231,22 @@ pub fn runs_summary(runs: &[(String, Results)]) -> String {
     for (key, v) in &ratios {
         let n = v.len() as f64;
         let mean = v.iter().sum::<f64>() / n;
-        let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-        let half = t95(v.len() - 1) * sd / n.sqrt();
+        // one run has no spread to take an interval from
+        let interval = if v.len() < 2 {
+            "no 95 % interval from one run".to_string()
+        } else {
+            let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            let half = t95(v.len() - 1) * sd / n.sqrt();
+            format!("95 % interval {:.3}-{:.3}", mean - half, mean + half)
+        };
         let p = pooled[key];
         let _ = writeln!(
             o,
-            "{} {}/s: {} runs, mean ratio {mean:.3}, 95 % interval {:.3}-{:.3}; pooled {:.3} s vs {:.3} s per 10 000",
+            "{} {}/s: {} run{}, mean ratio {mean:.3}, {interval}; pooled {:.3} s vs {:.3} s per 10 000",
             key.0,
             key.1,
             v.len(),
-            mean - half,
-            mean + half,
+            if v.len() == 1 { "" } else { "s" },
             p[0] / p[1] * 1e4,
             p[2] / p[3] * 1e4
         );
@@ -716,6 +721,16 @@ mod runs_tests {
             text.contains("quorum-amo 4800/s: 2 runs, mean ratio 1.200, 95 % interval -0.071-2.471; pooled 1.200 s vs 1.000 s per 10 000"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn one_run_has_a_mean_but_no_interval() {
+        let text = runs_summary(&[("a".to_string(), run(1.1, 1.0))]);
+        assert!(
+            text.contains("quorum-amo 4800/s: 1 run, mean ratio 1.100, no 95 % interval from one run; pooled 1.100 s vs 1.000 s per 10 000"),
+            "{text}"
+        );
+        assert!(!text.contains("NaN"), "{text}");
     }
 
     #[test]

@@ -371,7 +371,7 @@ fn handle<'a>(
             }
         }
         channel.basic_ack(delivery.delivery_tag, false)?;
-        metrics.duration.observe(started.elapsed().as_secs_f64());
+        metrics.duration.observe(started.elapsed());
         Ok(())
     }
 }
