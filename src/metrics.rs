@@ -13,7 +13,6 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
 use crate::model::ladder::LadderSpec;
@@ -62,14 +61,17 @@ struct QueueLabels {
 /// How many upper bounds `ladder_lateness_seconds` has (its `+Inf` bucket aside).
 pub const LATENESS_BUCKETS: usize = 16;
 
+/// The first upper bound of `ladder_lateness_seconds`; the others double from it.
+const LATENESS_FIRST: Duration = Duration::from_millis(1);
+
 /// Lateness buckets: 1 ms to ~33 s, doubling.
 fn lateness_histogram() -> DurationHistogram {
-    DurationHistogram::doubling(Duration::from_millis(1), LATENESS_BUCKETS)
+    DurationHistogram::doubling(LATENESS_FIRST, LATENESS_BUCKETS)
 }
 
 /// The upper bounds of `ladder_lateness_seconds`'s buckets, in seconds.
 pub fn lateness_bounds() -> impl Iterator<Item = f64> {
-    exponential_buckets(0.001, 2.0, LATENESS_BUCKETS as u16)
+    DurationHistogram::doubling_bounds(LATENESS_FIRST, LATENESS_BUCKETS)
 }
 
 /// Hop latency buckets: 100 µs to ~3.3 s, doubling.

@@ -37,10 +37,7 @@ struct Inner {
 impl DurationHistogram {
     /// `n` upper bounds doubling from `first` (which must be at least 1 µs), then `+Inf`.
     pub fn doubling(first: Duration, n: usize) -> Self {
-        let first_us = u64::try_from(first.as_micros()).unwrap_or(u64::MAX).max(1);
-        let bounds_us: Box<[u64]> = (0..n)
-            .map(|i| first_us.saturating_mul(1u64.checked_shl(i as u32).unwrap_or(u64::MAX)))
-            .collect();
+        let bounds_us: Box<[u64]> = doubling_us(first, n).collect();
         let counts = (0..=n).map(|_| AtomicU64::new(0)).collect();
         DurationHistogram(Arc::new(Inner {
             bounds_us,
@@ -58,9 +55,15 @@ impl DurationHistogram {
         self.0.sum_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// The upper bounds that [`DurationHistogram::doubling`] gives, in seconds, without
+    /// making a histogram.
+    pub fn doubling_bounds(first: Duration, n: usize) -> impl Iterator<Item = f64> {
+        doubling_us(first, n).map(seconds)
+    }
+
     /// The upper bounds in seconds, `+Inf` left out.
     pub fn bounds(&self) -> impl Iterator<Item = f64> + '_ {
-        self.0.bounds_us.iter().map(|&us| us as f64 / 1e6)
+        self.0.bounds_us.iter().copied().map(seconds)
     }
 
     /// Observations per bucket so far, not cumulative, `+Inf` last.
@@ -70,8 +73,18 @@ impl DurationHistogram {
 
     /// The sum of the observations so far, in seconds.
     pub fn sum_seconds(&self) -> f64 {
-        self.0.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        seconds(self.0.sum_us.load(Ordering::Relaxed))
     }
+}
+
+/// `n` upper bounds doubling from `first` (at least 1 µs), in microseconds.
+fn doubling_us(first: Duration, n: usize) -> impl Iterator<Item = u64> {
+    let first_us = u64::try_from(first.as_micros()).unwrap_or(u64::MAX).max(1);
+    (0..n).map(move |i| first_us.saturating_mul(1u64.checked_shl(i as u32).unwrap_or(u64::MAX)))
+}
+
+fn seconds(us: u64) -> f64 {
+    us as f64 / 1e6
 }
 
 impl TypedMetric for DurationHistogram {
@@ -104,6 +117,7 @@ mod tests {
     fn buckets_are_upper_bounds_inclusive_and_the_last_is_inf() {
         let h = DurationHistogram::doubling(Duration::from_millis(1), 4);
         assert_eq!(h.bounds().collect::<Vec<_>>(), [0.001, 0.002, 0.004, 0.008]);
+        assert!(DurationHistogram::doubling_bounds(Duration::from_millis(1), 4).eq(h.bounds()));
         for ms in [0, 1, 2, 3, 8, 9, 3_600_000] {
             h.observe(Duration::from_millis(ms));
         }
