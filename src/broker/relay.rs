@@ -3,7 +3,7 @@
 //!
 //! Each loop owns one channel in confirm mode: it takes up to `prefetch` deliveries, decides
 //! each one with [`crate::model::protocol`], publishes the replacement and acks the delivery only once
-//! the broker confirmed that publish. Many publishes are in flight at once (the prefetch bounds
+//! the broker confirmed that publish (what settles in one turn of the loop in one ack: `acks`). Many publishes are in flight at once (the prefetch bounds
 //! them); nothing waits for one confirm before sending the next. A broker error ends the loop,
 //! and the supervisor reconnects: unacked deliveries go back to their queue, so the worst case
 //! is a duplicate, never a loss.
@@ -19,6 +19,7 @@
 //! - a body too large for an envelope is parked apart, as a record of its own
 //!   ([`BODY_INLINE_MAX`]).
 
+mod acks;
 mod gate;
 
 use std::panic::AssertUnwindSafe;
@@ -45,6 +46,7 @@ use crate::model::protocol::{
 };
 use crate::telemetry::{HopTrace, Telemetry};
 
+use acks::Acks;
 use gate::{BUSY_WAIT, DestinationGate, GatePermit};
 
 /// First pause before publishing again after the broker nacked a publish into a tier or
@@ -282,12 +284,24 @@ pub async fn serve(
             let _ = stop.send(());
         }
     }));
+    // what is received and not acked yet: what settles in one turn is acked in one frame
+    let mut acks = Acks::default();
+    let ack = |tag, multiple| channel.basic_ack(tag, multiple);
     loop {
         tokio::select! {
             biased;
-            Some(settled) = in_flight.next() => { let settled: ladder_amqp::Result<()> = settled; settled.map_err(broker)? }
+            Some(settled) = in_flight.next() => {
+                let settled: ladder_amqp::Result<u64> = settled;
+                acks.settled(settled.map_err(broker)?);
+                // the others confirmed by now (the broker confirms in batches) join its ack
+                while let Some(Some(settled)) = in_flight.next().now_or_never() {
+                    acks.settled(settled.map_err(broker)?);
+                }
+                acks.flush(ack).map_err(broker)?;
+            }
             next = consumer.next() => match next {
                 Some(Ok(delivery)) => {
+                    acks.received(delivery.delivery_tag);
                     in_flight.push(handle(hop, ladder, channel, gate, Box::new(delivery)));
                     if !matches!(stopping.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)) {
                         break;
@@ -303,8 +317,10 @@ pub async fn serve(
     // Stop taking work, then finish what is in flight within the grace period.
     let _ = channel.basic_cancel(consumer.tag()).await;
     let finish = async {
+        acks.flush(ack)?;
         while let Some(settled) = in_flight.next().await {
-            settled?;
+            acks.settled(settled?);
+            acks.flush(ack)?;
         }
         Ok::<(), ladder_amqp::Error>(())
     };
@@ -320,7 +336,8 @@ pub async fn serve(
     Ok(drained)
 }
 
-/// One delivery, from receipt to ack. A panic while handling it (a bug) parks it as
+/// One delivery, from receipt until it is settled — its replacement confirmed — and may be
+/// acked: its delivery tag (the loop acks it, [`Acks`]). A panic while handling it (a bug) parks it as
 /// `internal-error` rather than ending the session, which would redeliver it — and panic — again.
 ///
 /// An async block, not an async fn: an async fn keeps its arguments twice in its state (as
@@ -337,7 +354,7 @@ fn handle<'a>(
     channel: &'a Channel,
     gate: &'a DestinationGate,
     delivery: Box<Delivery>,
-) -> impl Future<Output = ladder_amqp::Result<()>> + 'a {
+) -> impl Future<Output = ladder_amqp::Result<u64>> + 'a {
     async move {
         let started = Instant::now();
         let metrics = ladder.metrics.hop(hop);
@@ -370,9 +387,8 @@ fn handle<'a>(
                 Box::pin(park_until_confirmed(hop, ladder, channel, &delivery, &park, None)).await?;
             }
         }
-        channel.basic_ack(delivery.delivery_tag, false)?;
         metrics.duration.observe(started.elapsed());
-        Ok(())
+        Ok(delivery.delivery_tag)
     }
 }
 

@@ -354,14 +354,11 @@ async fn a_user_id_is_moved_into_a_header() {
     consumer.ack(&d);
 }
 
-/// The parking lot itself can go missing (deleted by hand). A message that must be parked is
-/// then held — not requeued (which on RabbitMQ 4.x counts toward the delivery limit) and not
-/// dropped — and parked as soon as the stream is back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_parking_lot_holds_the_message_until_it_is_back() {
-    let t = TestLadder::start("noparking", THREE_TIERS).await;
-    let stream = t.parked_stream();
-    t.channel.queue_delete(&stream).await.unwrap();
+/// Deletes the ladder's parking lot and publishes a message without a destination, which must
+/// be parked: waits until its park is refused (a publish failure on the intake). The message
+/// is then held unacked in the intake.
+async fn hold_one_for_a_missing_lot(t: &TestLadder) {
+    t.channel.queue_delete(&t.parked_stream()).await.unwrap();
     t.publish(
         &t.intake(),
         "",
@@ -369,18 +366,21 @@ async fn a_missing_parking_lot_holds_the_message_until_it_is_back() {
         BasicProperties::default().with_message_id("held-1"),
     )
     .await;
-    // the refused park shows as a publish failure; the message is still unacked in intake
     let failures = || {
         t.state.metrics.encode().lines().any(|l| {
             l.starts_with("ladder_publish_failures_total{") && l.contains("hop=\"intake\"") && !l.ends_with(" 0")
         })
     };
     wait_until("the park is refused", failures).await;
+}
+
+/// Declares the parking lot again and asserts the held message is parked there.
+async fn restore_the_lot_and_find_it_parked(t: &TestLadder) {
     let mut args = FieldTable::default();
     args.set("x-queue-type", text("stream"));
     let ch = t.client.create_channel().await.unwrap();
     ch.queue_declare(
-        &stream,
+        &t.parked_stream(),
         ladder_amqp::QueueOptions {
             durable: true,
             ..Default::default()
@@ -392,4 +392,48 @@ async fn a_missing_parking_lot_holds_the_message_until_it_is_back() {
     let parked = t.parked(1).await.remove(0);
     assert_eq!(parked.reason, "no-destination");
     assert_eq!(parked.message.body().unwrap(), b"held");
+}
+
+/// The parking lot itself can go missing (deleted by hand). A message that must be parked is
+/// then held — not requeued (which on RabbitMQ 4.x counts toward the delivery limit) and not
+/// dropped — and parked as soon as the stream is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_parking_lot_holds_the_message_until_it_is_back() {
+    let t = TestLadder::start("noparking", THREE_TIERS).await;
+    // the refused park shows as a publish failure; the message is still unacked in intake
+    hold_one_for_a_missing_lot(&t).await;
+    restore_the_lot_and_find_it_parked(&t).await;
+}
+
+/// A delivery held unacked (its park refused: the parking lot is missing) must not hold up the
+/// acks of the deliveries after it: the hop acks what settles in one turn in one multiple ack,
+/// and a multiple ack cannot pass an unsettled delivery. The deliveries behind it are acked on
+/// their own, so more than a prefetch (100) of them pass while it is held — each arrives once,
+/// none stays unacked in the intake — and the held one is parked once the lot is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_delivery_does_not_hold_up_the_acks_behind_it() {
+    let mut t = TestLadder::start("heldhead", THREE_TIERS).await;
+    let healthy = t.declare_queue("healthy", FieldTable::default()).await;
+    hold_one_for_a_missing_lot(&t).await;
+    const BEHIND: usize = 250;
+    let mut consumer = t.consume(&healthy).await;
+    for i in 0..BEHIND {
+        let props = retry_props(&healthy, None).with_message_id(&format!("behind-{i}"));
+        t.publish(&t.intake(), "", b"b", props).await;
+    }
+    let mut seen = HashSet::new();
+    for d in receive(&mut consumer, BEHIND).await {
+        assert!(seen.insert(message_id(&d).to_string()), "{} twice", message_id(&d));
+    }
+    assert_eq!(seen.len(), BEHIND);
+    // nothing is left ready in the intake: what passed the held one was taken and acked
+    let names = ladder::model::names::Names::new(&t.ns, &t.ladder);
+    assert_eq!(queue_depth(&t.client, &names.intake_queue).await, 0);
+    assert!(
+        next_within(&mut consumer, std::time::Duration::from_millis(300))
+            .await
+            .is_none(),
+        "no duplicate behind the held delivery"
+    );
+    restore_the_lot_and_find_it_parked(&t).await;
 }
