@@ -2,15 +2,17 @@
 //! cannot forward.
 //!
 //! Each loop owns one channel in confirm mode: it takes up to `prefetch` deliveries, decides
-//! each one with [`crate::model::protocol`], publishes the replacement and acks the delivery only once
-//! the broker confirmed that publish (what settles in one turn of the loop in one ack: `acks`). Many publishes are in flight at once (the prefetch bounds
-//! them); nothing waits for one confirm before sending the next. A broker error ends the loop,
+//! each one with [`crate::model::protocol`], publishes the replacement and acks the delivery
+//! only once the broker confirmed that publish (what settles in one turn of the loop in one
+//! ack: `acks`). Many publishes are in flight at once (the prefetch bounds them); nothing
+//! waits for one confirm before sending the next. A broker error ends the loop,
 //! and the supervisor reconnects: unacked deliveries go back to their queue, so the worst case
 //! is a duplicate, never a loss.
 //!
 //! No single message or destination may hold a loop up:
 //! - the due hop has at most `max_in_flight_per_destination` deliveries in flight to one queue
-//!   (`gate`); more for it wait for a slot briefly while it keeps confirming, else they — and
+//!   (`gate`); more for it wait for a slot briefly while it keeps confirming (no timer each:
+//!   the gate's sweeper ends the waits that are over), else they — and
 //!   what it refuses (a nack) — go back into a tier without an attempt being counted
 //!   ([`crate::model::protocol::HopContext::defer`]), so a full or stalled queue cannot take the
 //!   prefetch from the others;
@@ -337,8 +339,9 @@ pub async fn serve(
 }
 
 /// One delivery, from receipt until it is settled — its replacement confirmed — and may be
-/// acked: its delivery tag (the loop acks it, [`Acks`]). A panic while handling it (a bug) parks it as
-/// `internal-error` rather than ending the session, which would redeliver it — and panic — again.
+/// acked: its delivery tag (the loop acks it, [`Acks`]). A panic while handling it (a bug) parks
+/// it as `internal-error` rather than ending the session, which would redeliver it — and panic —
+/// again.
 ///
 /// An async block, not an async fn: an async fn keeps its arguments twice in its state (as
 /// passed, and as its locals). The delivery (384 bytes) comes boxed: the future is allocated

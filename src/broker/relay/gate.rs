@@ -13,6 +13,13 @@
 //! so a destination below its bound costs one map lookup to enter and one to leave, and no
 //! allocation: an idle destination's entry is kept (up to [`KEEP_IDLE`] of them) for its next
 //! delivery.
+//!
+//! A waiting delivery has no timer of its own: under load a busy destination has deliveries
+//! waiting all the time, and a timer each (registered in the runtime's wheel, removed when the
+//! slot came first, as it nearly always does) was a cost per delivery. One task per gate, the
+//! sweeper, runs only while some delivery waits: every [`SWEEP_EVERY`] it wakes the waiting
+//! ones, and those whose wait is over give up. So a wait ends within [`SWEEP_EVERY`] after its
+//! [`BUSY_WAIT`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -27,6 +34,10 @@ use tracing::{debug, warn};
 /// a round trip through a tier; short enough that a queue that stopped confirming gives the
 /// slots of its waiting deliveries back within a second.
 pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// How often the sweeper wakes the waiting deliveries, while there are any, to end the waits
+/// that are over: the most a wait can outlast the gate's `wait`.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// Idle destinations (nothing in flight, none waiting) whose entries are kept, so that the next
 /// delivery to one allocates nothing; beyond this many, an entry is removed once idle.
@@ -43,6 +54,10 @@ pub(crate) struct DestinationGate {
     waiting: usize,
     wait: Duration,
     state: Arc<Mutex<GateState>>,
+    /// Told when a delivery begins to wait while the sweeper is idle.
+    sweep: Arc<Notify>,
+    /// The sweeper; it ends with the gate.
+    _sweeper: tokio_util::task::AbortOnDropHandle<()>,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +65,8 @@ struct GateState {
     /// Destinations with a delivery in flight or waiting, and up to [`KEEP_IDLE`] idle ones.
     slots: HashMap<Arc<str>, Slots, foldhash::fast::RandomState>,
     last_refusal: HashMap<String, Instant, foldhash::fast::RandomState>,
+    /// The sweeper is running (or told to): some delivery waits, or did at its last sweep.
+    sweeping: bool,
 }
 
 /// One destination's count, beside its name (the map's key, shared with the permits).
@@ -97,13 +114,19 @@ fn lock(state: &Mutex<GateState>) -> MutexGuard<'_, GateState> {
 
 impl DestinationGate {
     /// A gate of `limit` slots per destination (at least 1), with up to `waiting` deliveries
-    /// per destination waiting up to `wait` for one.
+    /// per destination waiting up to `wait` for one (and up to [`SWEEP_EVERY`] more). Spawns
+    /// its sweeper: call within a tokio runtime.
     pub(crate) fn new(limit: usize, waiting: usize, wait: Duration) -> Self {
+        let state: Arc<Mutex<GateState>> = Arc::default();
+        let sweep = Arc::new(Notify::new());
+        let sweeper = tokio::spawn(sweeper(state.clone(), sweep.clone()));
         DestinationGate {
             limit: limit.max(1),
             waiting,
             wait,
-            state: Arc::default(),
+            state,
+            sweep,
+            _sweeper: tokio_util::task::AbortOnDropHandle::new(sweeper),
         }
     }
 
@@ -135,7 +158,12 @@ impl DestinationGate {
                 return None;
             }
             slots.waiting += 1;
-            (slots.destination.clone(), slots.freed.clone())
+            let waiting = (slots.destination.clone(), slots.freed.clone());
+            if !state.sweeping {
+                state.sweeping = true;
+                self.sweep.notify_one();
+            }
+            waiting
         };
         // counted as waiting from here on: the guard uncounts it however the wait ends
         let waiting = Waiting { gate: self, name };
@@ -143,7 +171,8 @@ impl DestinationGate {
         Box::pin(self.wait_for(waiting, freed)).await
     }
 
-    /// Waits for a slot of the destination `waiting` counts the delivery as waiting for.
+    /// Waits for a slot of the destination `waiting` counts the delivery as waiting for, until
+    /// a sweep finds its wait over.
     async fn wait_for(&self, waiting: Waiting<'_>, freed: Arc<Notify>) -> Option<GatePermit> {
         let deadline = tokio::time::Instant::now() + self.wait;
         loop {
@@ -154,8 +183,10 @@ impl DestinationGate {
             if let Some(permit) = waiting.take() {
                 return Some(permit);
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                // a last look: the wake-up may have gone to this wait just as it ran out
+            // woken by a freed slot, or by the sweeper
+            notified.await;
+            if tokio::time::Instant::now() >= deadline {
+                // a last look: a slot may have freed just as the wait ran out
                 return waiting.take();
             }
         }
@@ -190,6 +221,29 @@ impl DestinationGate {
                   "the destination refuses deliveries (full, or unavailable); they wait in a tier again without counting an attempt");
         } else {
             debug!(%ladder, %destination, trace_id = %trace_id(), "the destination refused a delivery; deferred");
+        }
+    }
+}
+
+/// Wakes the deliveries waiting at `state`'s destinations every [`SWEEP_EVERY`] while there are
+/// any (each looks at its own deadline); idle until `sweep` is told again once there are none.
+async fn sweeper(state: Arc<Mutex<GateState>>, sweep: Arc<Notify>) {
+    loop {
+        sweep.notified().await;
+        loop {
+            tokio::time::sleep(SWEEP_EVERY).await;
+            let mut state = lock(&state);
+            let mut any = false;
+            for slots in state.slots.values().filter(|s| s.waiting > 0) {
+                slots.freed.notify_waiters();
+                any = true;
+            }
+            if !any {
+                // a delivery that waits from now on tells `sweep` again (a stored permit, if
+                // this task has not reached its wait yet)
+                state.sweeping = false;
+                break;
+            }
         }
     }
 }
@@ -323,12 +377,46 @@ mod tests {
         });
         assert!(over, "beyond as many waiting, a delivery is deferred at once");
         assert!(w1.is_none() && w2.is_none(), "no slot freed within the wait");
-        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_secs(1)..=Duration::from_secs(1) + SWEEP_EVERY).contains(&waited),
+            "the waits ended by the sweep after their second: {waited:?}"
+        );
         assert_eq!(lock(&gate.state).slots["a"].waiting, 0);
         let before = tokio::time::Instant::now();
         assert!(gate.enter("a").await.is_none(), "not moving: no wait any more");
         assert_eq!(before.elapsed(), Duration::ZERO);
         assert!(gate.enter("b").await.is_some(), "another destination is served");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_ends_the_waits_of_every_stall_and_rests_between() {
+        let gate = gate(1, 3);
+        let mut held = gate.enter("a").await.unwrap();
+        for round in 0..3 {
+            let started = tokio::time::Instant::now();
+            let (w1, w2) = tokio::join!(gate.enter("a"), gate.enter("a"));
+            let waited = started.elapsed();
+            assert!(w1.is_none() && w2.is_none(), "round {round}: nothing freed");
+            assert!(
+                (Duration::from_secs(1)..=Duration::from_secs(1) + SWEEP_EVERY).contains(&waited),
+                "round {round}: the waits ended by a sweep after their second: {waited:?}"
+            );
+            // the next sweep finds no one waiting, and the sweeper rests
+            tokio::time::sleep(SWEEP_EVERY * 2).await;
+            assert!(!lock(&gate.state).sweeping, "round {round}: the sweeper rests");
+            // the destination moves again: its slot freed and taken
+            drop(held);
+            held = gate.enter("a").await.unwrap();
+        }
+        // and a slot that frees while a delivery waits still goes to it at once
+        let started = tokio::time::Instant::now();
+        let (waited, ()) = tokio::join!(gate.enter("a"), async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            drop(held);
+        });
+        assert!(waited.is_some());
+        assert_eq!(started.elapsed(), Duration::from_millis(30));
     }
 
     #[tokio::test(start_paused = true)]
