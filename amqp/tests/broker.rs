@@ -347,3 +347,106 @@ async fn many_channels_publish_and_consume_at_once_without_losing_a_message() {
     }
     setup.queue_delete(&q).await.unwrap();
 }
+
+/// A TCP hop between the client and the broker that can be frozen: frozen, it passes no more
+/// bytes either way and keeps both sockets open — what the client sees of a lost machine or a
+/// network partition, with a real broker on the far side.
+struct Freezer {
+    port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Freezer {
+    /// Listens on a port of its own and forwards its one connection to the broker of `url()`.
+    async fn start() -> Freezer {
+        let uri: ladder_amqp::AmqpUri = url().parse().unwrap();
+        let broker = (uri.host.clone(), uri.port);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pass = |mut from: tokio::net::tcp::OwnedReadHalf,
+                    mut to: tokio::net::tcp::OwnedWriteHalf,
+                    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                    // hold both sockets open, pass nothing, for as long as the test runs
+                    std::future::pending::<()>().await;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let hop = frozen.clone();
+        tokio::spawn(async move {
+            let (client, _) = listener.accept().await.unwrap();
+            let upstream = tokio::net::TcpStream::connect(broker).await.unwrap();
+            let (client_read, client_write) = client.into_split();
+            let (upstream_read, upstream_write) = upstream.into_split();
+            tokio::spawn(pass(client_read, upstream_write, hop.clone()));
+            tokio::spawn(pass(upstream_read, client_write, hop));
+        });
+        Freezer { port, frozen }
+    }
+
+    /// A client through the hop, asking for a heartbeat every second.
+    async fn connect(&self) -> Connection {
+        let mut uri: ladder_amqp::AmqpUri = url().parse().unwrap();
+        uri.host = "127.0.0.1".into();
+        uri.port = self.port;
+        uri.heartbeat = Some(1);
+        timeout(WAIT, Connection::connect(&ConnectOptions::new(uri)))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_broker_gone_silent_fails_the_connection_within_two_heartbeats_and_an_idle_one_stays_open() {
+    let freezer = Freezer::start().await;
+    let conn = freezer.connect().await;
+    assert_eq!(conn.heartbeat(), Some(Duration::from_secs(1)));
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    // idle for three silence limits: the broker's heartbeats alone keep it open, and it works
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(conn.is_open(), "an idle connection with heartbeats flowing stays open");
+    let q = unique("silent");
+    queue(&ch, &q).await;
+    let confirm = timeout(
+        WAIT,
+        ch.basic_publish("", &q, true, &BasicProperties::default(), b"x")
+            .unwrap(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(matches!(confirm, Confirmation::Ack), "{confirm:?}");
+    ch.queue_delete(&q).await.unwrap();
+
+    // silence from here on: no heartbeat, no close, the socket stays open
+    freezer.freeze();
+    let frozen_at = std::time::Instant::now();
+    let error = timeout(WAIT, conn.closed()).await.expect("the silence is noticed");
+    let waited = frozen_at.elapsed();
+    assert!(matches!(error, Error::HeartbeatTimeout(2)), "{error}");
+    // two heartbeat intervals after the last bytes read, which came at most one interval before
+    // the freeze (the broker's heartbeats), plus the timer's and a busy machine's slack
+    assert!(waited <= Duration::from_millis(3_500), "noticed after {waited:?}");
+    assert!(!conn.is_open());
+    assert!(
+        ch.basic_publish("", "anywhere", false, &BasicProperties::default(), b"x")
+            .is_err()
+    );
+}
