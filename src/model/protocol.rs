@@ -56,11 +56,11 @@ pub mod header {
     pub const RETRY_SCHEDULED: &str = "retry-scheduled";
     /// Set on a message replayed from the parking lot: `<stream>@<offset>` of its parked record.
     pub const RETRY_REPLAYED_FROM: &str = "retry-replayed-from";
-    /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
     /// How often the due hop put this attempt back into a tier instead of delivering it (the
     /// destination refused it, or had too many in flight); not an attempt. Cleared by the
     /// intake when the next attempt is scheduled.
     pub const RETRY_DEFERRALS: &str = "retry-deferrals";
+    /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
     /// joined by `,`, oldest first, one appended per retry scheduled, at most
     /// [`super::MAX_HISTORY_ENTRIES`] (the newest). Tier names are compact durations (digits and
     /// `h`, `m`, `s`), so neither separator can occur in one. Informational: read leniently,
