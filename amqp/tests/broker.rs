@@ -2,6 +2,8 @@
 //! 127.0.0.1:5672). Each test uses queues named after itself and deletes them.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ladder_amqp::{
@@ -353,7 +355,7 @@ async fn many_channels_publish_and_consume_at_once_without_losing_a_message() {
 /// network partition, with a real broker on the far side.
 struct Freezer {
     port: u16,
-    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    frozen: Arc<AtomicBool>,
 }
 
 impl Freezer {
@@ -363,10 +365,10 @@ impl Freezer {
         let broker = (uri.host.clone(), uri.port);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let frozen = Arc::new(AtomicBool::new(false));
         let pass = |mut from: tokio::net::tcp::OwnedReadHalf,
                     mut to: tokio::net::tcp::OwnedWriteHalf,
-                    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>| async move {
+                    frozen: Arc<AtomicBool>| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -374,7 +376,7 @@ impl Freezer {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
-                if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                if frozen.load(Ordering::SeqCst) {
                     // hold both sockets open, pass nothing, for as long as the test runs
                     std::future::pending::<()>().await;
                 }
@@ -408,7 +410,7 @@ impl Freezer {
     }
 
     fn freeze(&self) {
-        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.frozen.store(true, Ordering::SeqCst);
     }
 }
 
