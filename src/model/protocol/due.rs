@@ -1,0 +1,203 @@
+//! The due hop's decisions: a message whose wait is over is delivered, waits again, is
+//! deferred, or is parked; and the quarantine's park.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use ladder_amqp::{BasicProperties, FieldTable, FieldValue, ShortString};
+
+use super::*;
+
+impl<'a> HopContext<'a> {
+    /// Due at `now_ms` (see [`HopContext::due_at`]), a forward's headers all in its properties
+    /// ([`Decision::materialized`]).
+    pub fn due(&self, props: &BasicProperties, now_ms: u64) -> Decision<'a> {
+        self.due_at(props, &Arrival::at(now_ms)).materialized(props)
+    }
+
+    /// Due: a message whose due time is still ahead waits again, in the longest tier that does
+    /// not overshoot; one that is due is checked again (the allow-list may have changed),
+    /// stripped of what the tier's dead-lettering added, and delivered — or parked.
+    pub fn due_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
+        let now_ms = arrival.now_ms;
+        let headers = props.headers_or_empty();
+        let h: &FieldTable = &headers;
+        let attempts = optional_u64(h, header::RETRY_ATTEMPT).ok().flatten();
+        let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
+        let park = |reason, detail: String, destination: Option<String>| {
+            Decision::Park(Park {
+                reason,
+                detail,
+                destination,
+                attempts,
+                first_failed_at_ms: first_failed_at,
+                history: carried_history(h),
+                replayed_from: carried_replayed_from(h),
+            })
+        };
+        let scheduled = matches!(h.get(header::RETRY_SCHEDULED), Some(FieldValue::Boolean(true)));
+        let target = match (h.get(header::RETRY_TO), h.get(header::RETRY_TO_EXCHANGE)) {
+            (Some(queue), _) => check_queue_name(queue).map(Target::Queue),
+            (None, Some(exchange)) if scheduled => check_exchange_name(exchange).map(Target::Exchange),
+            _ => {
+                let detail = format!("due message without a {} header", header::RETRY_TO);
+                return park(ParkReason::NoDestination, detail, None);
+            }
+        };
+        let target = match target {
+            Ok(target) => target,
+            Err(problem) => return park(ParkReason::InvalidHeader, problem, None),
+        };
+        let queue = || target.queue().map(str::to_string); // for a park record only
+        // Only the intake checks headers, but anyone allowed to publish to the tiers exchange
+        // could bypass it.
+        if let Some((reason, detail)) = self.check_size(h) {
+            return park(reason, detail, queue());
+        }
+        if let Some(detail) = self.refuse_target(&target) {
+            return park(ParkReason::DestinationNotAllowed, detail, queue());
+        }
+        if arrival.cancelled {
+            return park(ParkReason::Cancelled, cancelled_detail(props), queue());
+        }
+        let due_at = optional_u64(h, header::RETRY_DUE_AT).ok().flatten();
+        if let Some(due) = due_at
+            && due > now_ms
+            && self.spec.exact_delays
+        {
+            let remaining = Duration::from_millis(due - now_ms);
+            if remaining > MAX_DELAY {
+                let detail = format!(
+                    "{} is {} ms ahead, beyond the longest delay",
+                    header::RETRY_DUE_AT,
+                    due - now_ms
+                );
+                return park(ParkReason::InvalidDelay, detail, queue());
+            }
+            let tier = self.spec.next_wait(remaining);
+            let mut out = FieldTable::with_capacity(1);
+            out.push(ShortString::from_static(header::RETRY_TIER), long_string(&tier.name));
+            let (properties, carry) = carrying(props, Some(out), &[header::RETRY_TIER]);
+            return Decision::Forward(Box::new(Forward {
+                exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
+                routing_key: Cow::Borrowed(tier.name.as_str()),
+                properties,
+                carry: Some(carry),
+                destination: target.into_key(),
+                attempt: attempts.unwrap_or(0),
+                late_ms: 0,
+                due_at_ms: due,
+                kind: ForwardKind::Wait,
+            }));
+        }
+        let (exchange, routing_key) = match &target {
+            Target::Queue(queue) => (Cow::Borrowed(""), Cow::Owned(queue.clone())),
+            Target::Exchange(exchange) => {
+                let key = h
+                    .get(header::RETRY_ROUTING_KEY)
+                    .and_then(as_text)
+                    .unwrap_or_default()
+                    .to_string();
+                (Cow::Owned(exchange.clone()), Cow::Owned(key))
+            }
+        };
+        // delivered as received; a scheduled delivery as it was published: the ladder's
+        // bookkeeping leaves with the wait
+        let except = if scheduled { SCHEDULED_BOOKKEEPING } else { &[] };
+        let (properties, carry) = carrying(props, None, except);
+        Decision::Forward(Box::new(Forward {
+            exchange,
+            routing_key,
+            properties,
+            carry: Some(carry),
+            destination: target.into_key(),
+            attempt: attempts.unwrap_or(0),
+            late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
+            due_at_ms: 0,
+            kind: ForwardKind::Deliver,
+        }))
+    }
+
+    /// Due: the message cannot be delivered now (`reason`), so it waits in a tier again without
+    /// an attempt being counted: the shortest tier when the destination is busy, and one tier
+    /// longer for each refusal of the same attempt (`retry-deferrals`) when it refuses.
+    pub fn defer(&self, props: &BasicProperties, reason: DeferReason, now_ms: u64) -> Forward<'a> {
+        let headers = props.headers_or_empty();
+        let h: &FieldTable = &headers;
+        let deferrals = optional_u64(h, header::RETRY_DEFERRALS)
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+            .saturating_add(1);
+        let tiers = &self.spec.steps;
+        let tier = match reason {
+            DeferReason::Busy => &tiers[0],
+            DeferReason::Refused => &tiers[(deferrals as usize - 1).min(tiers.len() - 1)],
+        };
+        let mut out = republished_headers(h);
+        out.set(header::RETRY_DEFERRALS, FieldValue::LongLongInt(deferrals as i64));
+        out.set(header::RETRY_TIER, long_string(&tier.name));
+        let due_at_ms = now_ms.saturating_add(tier.ttl_ms());
+        out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
+        Forward {
+            exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
+            routing_key: Cow::Borrowed(tier.name.as_str()),
+            properties: republished_properties(props, out),
+            carry: None,
+            destination: h
+                .get(header::RETRY_TO)
+                .and_then(as_text)
+                .unwrap_or_default()
+                .to_string(),
+            attempt: optional_u64(h, header::RETRY_ATTEMPT).ok().flatten().unwrap_or(0),
+            late_ms: 0,
+            due_at_ms,
+            kind: ForwardKind::Wait,
+        }
+    }
+
+    /// Quarantine: the broker dead-lettered the message out of the ladder's intake or due queue
+    /// (its `x-death` says why). It is parked as received, with what its headers tell.
+    pub fn dead_lettered(&self, props: &BasicProperties) -> Park {
+        let headers = props.headers_or_empty();
+        let h: &FieldTable = &headers;
+        let deaths: &[FieldValue] = match h.get(header::X_DEATH) {
+            Some(FieldValue::FieldArray(deaths)) => deaths,
+            _ => &[],
+        };
+        let field = |entry: &FieldValue, key: &str| match entry {
+            FieldValue::FieldTable(t) => t.get(key).and_then(as_text).map(str::to_string),
+            _ => None,
+        };
+        let newest = deaths.first();
+        let queue = newest.and_then(|d| field(d, "queue")).unwrap_or_else(|| "?".into());
+        let why = newest
+            .and_then(|d| field(d, "reason"))
+            .unwrap_or_else(|| "no x-death reason".into());
+        let count = match newest {
+            Some(FieldValue::FieldTable(t)) => t.get("count").and_then(as_u64),
+            _ => None,
+        };
+        let detail = match count {
+            Some(n) => format!("the broker dead-lettered it out of {queue}: {why} ({n} times)"),
+            None => format!("the broker dead-lettered it out of {queue}: {why}"),
+        };
+        // retry-to, or the consumer's queue it was dead-lettered from before it reached the ladder
+        let destination = match h.get(header::RETRY_TO).map(check_queue_name) {
+            Some(Ok(queue)) => Some(queue),
+            _ => deaths
+                .iter()
+                .filter_map(|d| field(d, "queue"))
+                .find(|q| !q.is_empty() && !q.starts_with(&self.names.prefix)),
+        };
+        Park {
+            reason: ParkReason::DeadLettered,
+            detail,
+            destination,
+            attempts: optional_u64(h, header::RETRY_ATTEMPT).ok().flatten(),
+            first_failed_at_ms: optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten(),
+            history: carried_history(h),
+            replayed_from: carried_replayed_from(h),
+        }
+    }
+}
