@@ -23,7 +23,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
 use crate::model::names::Hop;
 use crate::model::names::Names;
-use crate::model::protocol::{Decision, as_text, as_u64, header};
+use crate::model::protocol::{Decision, RoutedFailure, as_text, as_u64, header};
 
 /// The service's tracer, or nothing when tracing is off.
 #[derive(Debug, Clone, Default)]
@@ -65,6 +65,7 @@ impl Telemetry {
         props: &BasicProperties,
         body_len: usize,
         now_ms: u64,
+        routed: Option<&RoutedFailure>,
     ) -> Option<HopTrace> {
         let tracer = self.tracer.as_ref()?;
         let headers = props.headers_or_empty();
@@ -76,7 +77,25 @@ impl Telemetry {
             Hop::Quarantine => &names.quarantine,
         };
         if hop == Hop::Due {
-            parent = wait_span(tracer, names, ladder, headers, &parent, now_ms).unwrap_or(parent);
+            let wait = match routed {
+                // a failure the broker routed: its headers tell of the wait before its last
+                // delivery; this one began when it failed
+                Some(failure) => Some(Wait {
+                    queue: failure.queue.clone().unwrap_or_else(|| names.due.clone()),
+                    tier: failure
+                        .queue
+                        .as_deref()
+                        .and_then(|q| q.rsplit('.').next())
+                        .unwrap_or("")
+                        .to_string(),
+                    entered: now_ms.saturating_sub(failure.waited_ms),
+                    due_at: now_ms,
+                }),
+                None => scheduled_wait(names, headers),
+            };
+            if let Some(wait) = wait {
+                parent = wait_span(tracer, ladder, &wait, &parent, now_ms);
+            }
         }
         let mut attributes = vec![
             KeyValue::new("messaging.system", "rabbitmq"),
@@ -103,37 +122,52 @@ impl Telemetry {
     }
 }
 
-/// Records the wait in a tier as a finished span: from `retry-due-at` minus the tier's delay
-/// (when the message entered the tier) to now. Returns a context holding it.
-fn wait_span(
-    tracer: &SdkTracer,
-    names: &Names,
-    ladder: &str,
-    headers: &FieldTable,
-    parent: &Context,
-    now_ms: u64,
-) -> Option<Context> {
-    let h = headers;
+/// One wait in a tier, as a span shows it.
+struct Wait {
+    queue: String,
+    tier: String,
+    entered: u64,
+    due_at: u64,
+}
+
+/// A wait the service scheduled: from `retry-due-at` minus the tier's delay (when the message
+/// entered the tier) to now.
+fn scheduled_wait(names: &Names, h: &FieldTable) -> Option<Wait> {
     let tier = as_text(h.get(header::RETRY_TIER)?)?;
     let due_at = as_u64(h.get(header::RETRY_DUE_AT)?)?;
     let delay = humantime::parse_duration(tier).ok()?;
-    let entered = due_at.saturating_sub(delay.as_millis() as u64);
-    let queue = format!("{}.delay.{tier}", names.intake_exchange);
+    Some(Wait {
+        queue: format!("{}.delay.{tier}", names.intake_exchange),
+        tier: tier.to_string(),
+        entered: due_at.saturating_sub(delay.as_millis() as u64),
+        due_at,
+    })
+}
+
+/// Records `wait` as a finished span ending now. Returns a context holding it.
+fn wait_span(tracer: &SdkTracer, ladder: &str, wait: &Wait, parent: &Context, now_ms: u64) -> Context {
+    let Wait {
+        queue,
+        tier,
+        entered,
+        due_at,
+    } = wait;
+    let (entered, due_at) = (*entered, *due_at);
     let mut span = tracer
         .span_builder(format!("wait {queue}"))
         .with_kind(SpanKind::Internal)
         .with_start_time(at(entered))
         .with_attributes([
             KeyValue::new("messaging.system", "rabbitmq"),
-            KeyValue::new("messaging.destination.name", queue),
+            KeyValue::new("messaging.destination.name", queue.clone()),
             KeyValue::new("ladder.name", ladder.to_string()),
-            KeyValue::new("ladder.tier", tier.to_string()),
+            KeyValue::new("ladder.tier", tier.clone()),
             KeyValue::new("ladder.due_at_ms", due_at as i64),
             KeyValue::new("ladder.lateness_ms", now_ms.saturating_sub(due_at) as i64),
         ])
         .start_with_context(tracer, parent);
     span.end_with_timestamp(at(now_ms.max(entered)));
-    Some(parent.with_remote_span_context(span.span_context().clone()))
+    parent.with_remote_span_context(span.span_context().clone())
 }
 
 /// The open process span of one delivery.

@@ -609,6 +609,8 @@ fn reply_to(method: &Method) -> ((u16, u16), Option<(u16, u16)>) {
     let (class, id) = method.id();
     match method {
         Method::BasicGet { .. } => ((60, 71), Some((60, 72))),
+        // the one reply whose id is not the request's plus one (AMQP 0-9-1 as RabbitMQ has it)
+        Method::ExchangeUnbind { .. } => ((40, 51), None),
         _ => ((class, id + 1), None),
     }
 }
@@ -802,6 +804,41 @@ impl Channel {
         let method = Method::QueueUnbind {
             queue: ShortString::try_from(queue)?,
             exchange: ShortString::try_from(exchange)?,
+            routing_key: ShortString::try_from(routing_key)?,
+            arguments,
+        };
+        self.call(method, None).await.map(|_| ())
+    }
+
+    /// Binds exchange `destination` to exchange `source` with `routing_key` and `arguments`
+    /// (RabbitMQ's exchange-to-exchange binding).
+    pub async fn exchange_bind(
+        &self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+    ) -> Result<()> {
+        let method = Method::ExchangeBind {
+            destination: ShortString::try_from(destination)?,
+            source: ShortString::try_from(source)?,
+            routing_key: ShortString::try_from(routing_key)?,
+            arguments,
+        };
+        self.call(method, None).await.map(|_| ())
+    }
+
+    /// Removes an exchange-to-exchange binding.
+    pub async fn exchange_unbind(
+        &self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+    ) -> Result<()> {
+        let method = Method::ExchangeUnbind {
+            destination: ShortString::try_from(destination)?,
+            source: ShortString::try_from(source)?,
             routing_key: ShortString::try_from(routing_key)?,
             arguments,
         };

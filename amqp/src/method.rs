@@ -78,6 +78,21 @@ pub enum Method {
         if_unused: bool,
     },
     ExchangeDeleteOk,
+    /// RabbitMQ's exchange-to-exchange binding (`exchange.bind`).
+    ExchangeBind {
+        destination: ShortString,
+        source: ShortString,
+        routing_key: ShortString,
+        arguments: FieldTable,
+    },
+    ExchangeBindOk,
+    ExchangeUnbind {
+        destination: ShortString,
+        source: ShortString,
+        routing_key: ShortString,
+        arguments: FieldTable,
+    },
+    ExchangeUnbindOk,
     QueueDeclare {
         queue: ShortString,
         passive: bool,
@@ -229,6 +244,10 @@ impl Method {
             ExchangeDeclareOk => (40, 11),
             ExchangeDelete { .. } => (40, 20),
             ExchangeDeleteOk => (40, 21),
+            ExchangeBind { .. } => (40, 30),
+            ExchangeBindOk => (40, 31),
+            ExchangeUnbind { .. } => (40, 40),
+            ExchangeUnbindOk => (40, 51),
             QueueDeclare { .. } => (50, 10),
             QueueDeclareOk { .. } => (50, 11),
             QueueBind { .. } => (50, 20),
@@ -359,8 +378,8 @@ impl Method {
                 bits(out, &[*passive, *durable, *auto_delete, *internal, false]);
                 put_table(out, arguments);
             }
-            ExchangeDeclareOk | ExchangeDeleteOk | QueueBindOk | QueueUnbindOk | BasicQosOk | BasicGetEmpty
-            | BasicRecoverOk | ConfirmSelectOk => {
+            ExchangeDeclareOk | ExchangeDeleteOk | ExchangeBindOk | ExchangeUnbindOk | QueueBindOk | QueueUnbindOk
+            | BasicQosOk | BasicGetEmpty | BasicRecoverOk | ConfirmSelectOk => {
                 if matches!(self, BasicGetEmpty) {
                     out.put_u8(0);
                 }
@@ -415,6 +434,25 @@ impl Method {
                 put_short_string(out, queue);
                 put_short_string(out, exchange);
                 put_short_string(out, routing_key);
+                put_table(out, arguments);
+            }
+            ExchangeBind {
+                destination,
+                source,
+                routing_key,
+                arguments,
+            }
+            | ExchangeUnbind {
+                destination,
+                source,
+                routing_key,
+                arguments,
+            } => {
+                out.put_u16(0);
+                put_short_string(out, destination);
+                put_short_string(out, source);
+                put_short_string(out, routing_key);
+                bits(out, &[false]);
                 put_table(out, arguments);
             }
             QueuePurge { queue } => {
@@ -621,6 +659,32 @@ impl Method {
                 }
             }
             (40, 21) => ExchangeDeleteOk,
+            (40, 30) | (40, 40) => {
+                let bind = method == 30;
+                r.u16()?;
+                let destination = r.short_string()?;
+                let source = r.short_string()?;
+                let routing_key = r.short_string()?;
+                r.u8()?;
+                let arguments = r.table()?;
+                if bind {
+                    ExchangeBind {
+                        destination,
+                        source,
+                        routing_key,
+                        arguments,
+                    }
+                } else {
+                    ExchangeUnbind {
+                        destination,
+                        source,
+                        routing_key,
+                        arguments,
+                    }
+                }
+            }
+            (40, 31) => ExchangeBindOk,
+            (40, 51) => ExchangeUnbindOk,
             (50, 10) => {
                 r.u16()?;
                 let queue = r.short_string()?;
@@ -886,6 +950,20 @@ mod tests {
                 if_unused: true,
             },
             Method::ExchangeDeleteOk,
+            Method::ExchangeBind {
+                destination: s("d"),
+                source: s("e"),
+                routing_key: s("k"),
+                arguments: args.clone(),
+            },
+            Method::ExchangeBindOk,
+            Method::ExchangeUnbind {
+                destination: s("d"),
+                source: s("e"),
+                routing_key: s("k"),
+                arguments: args.clone(),
+            },
+            Method::ExchangeUnbindOk,
             Method::QueueDeclare {
                 queue: s("q"),
                 passive: true,

@@ -86,7 +86,7 @@ impl Registry {
             match d {
                 Declaration::Queue { name, .. } => self.queue(name),
                 Declaration::Exchange { name, .. } => self.exchange(name),
-                Declaration::Binding { .. } => {}
+                Declaration::Binding { .. } | Declaration::Unbinding { .. } => {}
             }
         }
     }

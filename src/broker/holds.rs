@@ -772,6 +772,7 @@ async fn release_one(
                     late_ms: 0,
                     due_at_ms: 0,
                     kind: ForwardKind::Deliver,
+                    failure: false,
                 };
                 let park = protocol::no_route(
                     Hop::Due,

@@ -363,10 +363,16 @@ fn handle<'a>(
         let metrics = ladder.metrics.hop(hop);
         let _in_flight = InFlight::enter(&metrics.in_flight);
         metrics.received.inc();
-        if hop == Hop::Intake && !delivery.redelivered {
+        // a failure enters the ladder at the intake, or at the due hop when the broker routed
+        // it straight into its wait
+        let routed = match hop {
+            Hop::Due => ladder.context().routed_failure(&delivery.properties),
+            _ => None,
+        };
+        if !delivery.redelivered && (hop == Hop::Intake || routed.is_some()) {
             ladder.metrics.entered.inc();
         }
-        let handled = AssertUnwindSafe(settle(hop, ladder, channel, gate, &delivery))
+        let handled = AssertUnwindSafe(settle(hop, ladder, channel, gate, &delivery, routed.as_ref()))
             .catch_unwind()
             .await;
         match handled {
@@ -402,8 +408,9 @@ enum Step<'a> {
     Schedule(Box<Forward<'a>>),
     /// Due: to the destination, holding one of its in-flight slots.
     Deliver(Box<Forward<'a>>, GatePermit),
-    /// Due: back into a tier.
-    Defer(DeferReason),
+    /// Due: back into a tier — from what the deliver decision would have published when it
+    /// took a failure in (its `retry-attempt` and the rest are written there), else as received.
+    Defer(DeferReason, Option<Box<Forward<'a>>>),
     /// Due: into the held queue of its destination (held, or releasing), no attempt counted.
     Hold(Box<Forward<'a>>),
     /// Into the parking lot.
@@ -417,13 +424,20 @@ async fn settle(
     channel: &Channel,
     gate: &DestinationGate,
     delivery: &Delivery,
+    routed: Option<&protocol::RoutedFailure>,
 ) -> ladder_amqp::Result<()> {
     let metrics = ladder.metrics.hop(hop);
     let now = now_ms();
     let props = &delivery.properties;
-    let trace = ladder
-        .telemetry
-        .start_hop(hop, &ladder.names, &ladder.spec.name, props, delivery.body.len(), now);
+    let trace = ladder.telemetry.start_hop(
+        hop,
+        &ladder.names,
+        &ladder.spec.name,
+        props,
+        delivery.body.len(),
+        now,
+        routed,
+    );
     // The decision and what it needs live in a block of their own, which ends before the first
     // wait: what a future holds across a wait is kept for as long as the delivery is in flight,
     // and this one is allocated per delivery. `Err`: a delivery that needs a slot of its
@@ -466,13 +480,13 @@ async fn settle(
                 Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => Err(forward),
                 Decision::Forward(forward) => {
                     // a retry of a message the due hop delivered: a failure of its destination
-                    if hop == Hop::Intake && forward.attempt >= 2 {
+                    if (hop == Hop::Intake || forward.failure) && forward.attempt >= 2 {
                         ladder.failed_at(&forward.destination, props, now);
                     }
                     Ok(Step::Schedule(forward))
                 }
                 Decision::Park(park) => {
-                    if hop == Hop::Intake
+                    if (hop == Hop::Intake || hop == Hop::Due && park.attempts.is_some())
                         && park.reason == ParkReason::MaxAttempts
                         && let Some(destination) = &park.destination
                     {
@@ -486,7 +500,7 @@ async fn settle(
             Ok(step) => step,
             Err(forward) => match gate.enter(&forward.destination).await {
                 Some(permit) => Step::Deliver(forward, permit),
-                None => Step::Defer(DeferReason::Busy),
+                None => Step::Defer(DeferReason::Busy, forward.failure.then_some(forward)),
             },
         }
     };
@@ -516,10 +530,13 @@ async fn settle(
                 };
                 confirmed.await?
             }
-            Step::Defer(reason) => {
+            Step::Defer(reason, from) => {
                 // made and published in a block of its own, so it is not kept across the wait
                 let confirmed = {
-                    let forward = ladder.context().defer(props, *reason, now_ms());
+                    let forward = match from {
+                        Some(from) => ladder.context().defer(&from.full_properties(props), *reason, now_ms()),
+                        None => ladder.context().defer(props, *reason, now_ms()),
+                    };
                     deferred_due_ms = forward.due_at_ms;
                     publish_forward(
                         channel,
@@ -539,7 +556,7 @@ async fn settle(
             (Step::Schedule(forward), Confirmation::Ack) => {
                 // the arrival's time: the publish followed it within the decision's microseconds
                 ladder.metrics.scheduled(&forward.routing_key, now);
-                if hop == Hop::Intake {
+                if hop == Hop::Intake || forward.failure {
                     // a wait begins (the due hop's waits are the next legs of the same one)
                     ladder.breaker().scheduled(&forward.destination, forward.due_at_ms, now);
                 }
@@ -564,7 +581,7 @@ async fn settle(
                        late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
                 return Ok(());
             }
-            (Step::Defer(reason), Confirmation::Ack) => {
+            (Step::Defer(reason, _), Confirmation::Ack) => {
                 ladder.metrics.deferred(reason);
                 if let Some(destination) = props
                     .headers
@@ -590,7 +607,7 @@ async fn settle(
                     &returned.reply_text,
                 ))
             }
-            (Step::Defer(_), Confirmation::Returned(returned)) => {
+            (Step::Defer(_, _), Confirmation::Returned(returned)) => {
                 metrics.returned.inc();
                 let forward = ladder.context().defer(props, DeferReason::Busy, now);
                 Step::Park(protocol::no_route(
@@ -608,7 +625,7 @@ async fn settle(
                 if let Some(trace) = trace {
                     trace.failed("destination-refused");
                 }
-                Step::Defer(DeferReason::Refused)
+                Step::Defer(DeferReason::Refused, forward.failure.then_some(forward))
             }
             (step, Confirmation::Nack | Confirmation::NotRequested | Confirmation::Returned(_)) => {
                 // a tier or the parking lot refused it: the broker is in trouble, hold and retry

@@ -63,6 +63,7 @@ impl OlderQueue {
                     ArgValue::Str(s) => format!("\"{key}\": \"{s}\""),
                     ArgValue::Int(i) => format!("\"{key}\": {i}"),
                     ArgValue::Bool(b) => format!("\"{key}\": {b}"),
+                    ArgValue::Void => format!("\"{key}\": null"),
                 }
             })
             .collect();
@@ -131,27 +132,50 @@ async fn declare(
     args_instead: Option<&[(&'static str, ArgValue)]>,
 ) -> ladder_amqp::Result<()> {
     match declaration {
-        Declaration::Exchange { name, kind } => channel.exchange_declare(name, kind, true, FieldTable::new()).await,
+        Declaration::Exchange { name, kind, args } => channel.exchange_declare(name, kind, true, table(args)).await,
         Declaration::Queue { name, args, .. } => {
-            let mut table = FieldTable::new();
-            for (key, value) in args_instead.unwrap_or(args) {
-                let value = match value {
-                    ArgValue::Str(s) => FieldValue::string(s),
-                    ArgValue::Int(i) => FieldValue::LongLongInt(*i),
-                    ArgValue::Bool(b) => FieldValue::Boolean(*b),
-                };
-                table.set(key, value);
-            }
             let options = QueueOptions {
                 durable: true,
                 ..Default::default()
             };
-            channel.queue_declare(name, options, table).await.map(|_| ())
+            channel
+                .queue_declare(name, options, table(args_instead.unwrap_or(args)))
+                .await
+                .map(|_| ())
         }
-        Declaration::Binding { exchange, queue, key } => {
-            channel.queue_bind(queue, exchange, key, FieldTable::new()).await
+        Declaration::Binding {
+            exchange,
+            queue,
+            key,
+            args,
+            to_exchange: false,
+        } => channel.queue_bind(queue, exchange, key, table(args)).await,
+        Declaration::Binding {
+            exchange,
+            queue,
+            key,
+            args,
+            to_exchange: true,
+        } => channel.exchange_bind(queue, exchange, key, table(args)).await,
+        Declaration::Unbinding { exchange, queue, key } => {
+            channel.queue_unbind(queue, exchange, key, FieldTable::new()).await
         }
     }
+}
+
+/// Arguments as an AMQP table.
+fn table(args: &[(&'static str, ArgValue)]) -> FieldTable {
+    let mut table = FieldTable::new();
+    for (key, value) in args {
+        let value = match value {
+            ArgValue::Str(s) => FieldValue::string(s),
+            ArgValue::Int(i) => FieldValue::LongLongInt(*i),
+            ArgValue::Bool(b) => FieldValue::Boolean(*b),
+            ArgValue::Void => FieldValue::Void,
+        };
+        table.set(key, value);
+    }
+    table
 }
 
 /// The broker's text if `error` is a 406 PRECONDITION_FAILED channel close.

@@ -390,6 +390,25 @@ impl LadderSpec {
         min_delay.map_or(spread, |wanted| wanted.max(spread))
     }
 
+    /// Where the next failure of a message delivered as retry `attempt` waits when the broker
+    /// routes it (the `retry-next` header the due hop writes): the tier of retry `attempt + 1`.
+    /// `None` — through the intake — when that retry would exhaust the ladder (the intake parks
+    /// it at once) or its delay is spread by `jitter` (the intake draws it).
+    pub fn next_route(&self, attempt: u64) -> Option<&Tier> {
+        let next = attempt.checked_add(1)?;
+        if next > u64::from(self.max_attempts) || self.spread().is_some() {
+            return None;
+        }
+        Some(self.tier_for_attempt(u32::try_from(next).unwrap_or(u32::MAX)))
+    }
+
+    /// Where a first failure waits when the broker routes it (`N.L.first.<tier>`): the first
+    /// step, when the first retry's wait is exactly that; `None` sends first failures through
+    /// the intake.
+    pub fn first_route(&self) -> Option<&Tier> {
+        self.next_route(0)
+    }
+
     /// The tier to wait in next when `remaining` is still to wait: the longest tier no longer
     /// than it (so a message is never early), or the shortest when every tier is longer. With
     /// the delay levels every wait at least halves what remains, so a delay `d` takes at most

@@ -7,8 +7,9 @@
 
 use std::fmt;
 
-use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType};
+use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 use crate::model::names::Names;
+use crate::model::protocol::header::{INTAKE_OWN, NEXT_INTAKE, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,8 +18,10 @@ pub enum Declaration {
     Exchange {
         /// Exchange name.
         name: String,
-        /// `fanout` or `direct`.
+        /// `fanout`, `direct` or `headers`.
         kind: &'static str,
+        /// Its arguments (`alternate-exchange`).
+        args: Vec<(&'static str, ArgValue)>,
     },
     /// A durable queue with its arguments.
     Queue {
@@ -34,13 +37,28 @@ pub enum Declaration {
         /// [`apply`]: crate::broker::topology::apply
         older: Option<Vec<(&'static str, ArgValue)>>,
     },
-    /// A binding of `queue` to `exchange` with `key`.
+    /// A binding of `queue` (or of the exchange of that name, `to_exchange`) to `exchange`
+    /// with `key` and `args` (a headers exchange's match).
     Binding {
+        /// Source exchange.
+        exchange: String,
+        /// Destination queue, or exchange when `to_exchange`.
+        queue: String,
+        /// Routing key (empty for fanout and headers).
+        key: String,
+        /// Binding arguments: `x-match` and the headers to match.
+        args: Vec<(&'static str, ArgValue)>,
+        /// The destination is an exchange (RabbitMQ's exchange-to-exchange binding).
+        to_exchange: bool,
+    },
+    /// A binding an earlier Ladder declared that this one removes: `exchange` to the queue
+    /// `queue` with `key` and no arguments. Removing one that does not exist is no error.
+    Unbinding {
         /// Source exchange.
         exchange: String,
         /// Destination queue.
         queue: String,
-        /// Routing key (empty for fanout).
+        /// Routing key.
         key: String,
     },
 }
@@ -54,25 +72,47 @@ pub enum ArgValue {
     Int(i64),
     /// Sent as a boolean.
     Bool(bool),
+    /// Sent as a void field: in a headers binding, matches any value of the header (its
+    /// presence).
+    Void,
+}
+
+fn write_args(f: &mut fmt::Formatter<'_>, args: &[(&'static str, ArgValue)]) -> fmt::Result {
+    for (key, value) in args {
+        match value {
+            ArgValue::Str(s) => write!(f, " {key}={s}")?,
+            ArgValue::Int(i) => write!(f, " {key}={i}")?,
+            ArgValue::Bool(b) => write!(f, " {key}={b}")?,
+            ArgValue::Void => write!(f, " {key}=*")?,
+        }
+    }
+    Ok(())
 }
 
 impl fmt::Display for Declaration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Declaration::Exchange { name, kind } => write!(f, "exchange {name} type={kind} durable"),
+            Declaration::Exchange { name, kind, args } => {
+                write!(f, "exchange {name} type={kind} durable")?;
+                write_args(f, args)
+            }
             Declaration::Queue { name, args, .. } => {
                 write!(f, "queue    {name} durable")?;
-                for (key, value) in args {
-                    match value {
-                        ArgValue::Str(s) => write!(f, " {key}={s}")?,
-                        ArgValue::Int(i) => write!(f, " {key}={i}")?,
-                        ArgValue::Bool(b) => write!(f, " {key}={b}")?,
-                    }
-                }
-                Ok(())
+                write_args(f, args)
             }
-            Declaration::Binding { exchange, queue, key } => {
-                write!(f, "binding  {exchange} -> {queue} key={key:?}")
+            Declaration::Binding {
+                exchange,
+                queue,
+                key,
+                args,
+                to_exchange,
+            } => {
+                let what = if *to_exchange { "exchange " } else { "" };
+                write!(f, "binding  {exchange} -> {what}{queue} key={key:?}")?;
+                write_args(f, args)
+            }
+            Declaration::Unbinding { exchange, queue, key } => {
+                write!(f, "unbind   {exchange} -> {queue} key={key:?}")
             }
         }
     }
@@ -128,11 +168,27 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     let exchange = |name: &str, kind| Declaration::Exchange {
         name: name.into(),
         kind,
+        args: Vec::new(),
     };
     let bind = |exchange: &str, queue: &str, key: &str| Declaration::Binding {
         exchange: exchange.into(),
         queue: queue.into(),
         key: key.into(),
+        args: Vec::new(),
+        to_exchange: false,
+    };
+    // a headers exchange whose unmatched messages go on to `alternate`
+    let headers = |name: &str, alternate: &str| Declaration::Exchange {
+        name: name.into(),
+        kind: "headers",
+        args: vec![("alternate-exchange", ArgValue::Str(alternate.into()))],
+    };
+    let matching = |exchange: &str, queue: &str, args| Declaration::Binding {
+        exchange: exchange.into(),
+        queue: queue.into(),
+        key: String::new(),
+        args,
+        to_exchange: false,
     };
     let queue_type = ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into()));
     let quorum = spec.queue_type == QueueType::Quorum;
@@ -165,13 +221,11 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             older: quarantine_older,
         },
         bind(&names.quarantine, &names.quarantine, ""),
-        exchange(&names.intake_exchange, "fanout"),
         Declaration::Queue {
             name: names.intake_queue.clone(),
             args: netted(),
             older: type_only.clone(),
         },
-        bind(&names.intake_exchange, &names.intake_queue, ""),
         exchange(&names.tiers_exchange, "direct"),
         exchange(&names.due, "fanout"),
         Declaration::Queue {
@@ -183,30 +237,65 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     ];
     for tier in &spec.tiers {
         let queue = names.tier_queue(tier);
-        let mut args = vec![
-            queue_type.clone(),
-            ("x-message-ttl", ArgValue::Int(tier.ttl_ms() as i64)),
-            ("x-dead-letter-exchange", ArgValue::Str(names.due.clone())),
-        ];
-        match (spec.queue_type, spec.dead_letter_strategy) {
-            (QueueType::Quorum, DeadLetterStrategy::AtLeastOnce) => {
-                args.push(("x-dead-letter-strategy", ArgValue::Str("at-least-once".into())));
-                // at-least-once dead-lettering requires it
-                args.push(("x-overflow", ArgValue::Str("reject-publish".into())));
-            }
-            (QueueType::Classic, _) if tier.delay.as_secs() >= LAZY_TIER_SECS => {
-                // a long classic tier holds many messages; keep them on disk, not in memory
-                args.push(("x-queue-mode", ArgValue::Str("lazy".into())));
-            }
-            _ => {}
-        }
         out.push(Declaration::Queue {
             name: queue.clone(),
-            args,
+            args: tier_args(names, spec, tier),
             older: None,
         });
         out.push(bind(&names.tiers_exchange, &queue, &tier.name));
     }
+    // A failure's way in (README "How a retry travels"): N.L -> N.L.route -> N.L.next ->
+    // N.L.first, each headers exchange passing what it does not match to the next. Declared
+    // from the end back, so an alternate exchange exists before anything can fall into it.
+    let first_target = match spec.first_route() {
+        Some(tier) => {
+            let queue = names.first_queue(tier);
+            out.push(Declaration::Queue {
+                name: queue.clone(),
+                args: tier_args(names, spec, tier),
+                older: None,
+            });
+            queue
+        }
+        None => names.intake_queue.clone(),
+    };
+    out.push(exchange(&names.first_exchange, "fanout"));
+    out.push(bind(&names.first_exchange, &first_target, ""));
+    out.push(headers(&names.next_exchange, &names.first_exchange));
+    let next = |value: &str| {
+        vec![
+            ("x-match", ArgValue::Str("all".into())),
+            (RETRY_LADDER, ArgValue::Str(spec.name.clone())),
+            (RETRY_NEXT, ArgValue::Str(value.into())),
+        ]
+    };
+    for tier in &spec.steps {
+        out.push(matching(
+            &names.next_exchange,
+            &names.tier_queue(tier),
+            next(&tier.name),
+        ));
+    }
+    out.push(matching(&names.next_exchange, &names.intake_queue, next(NEXT_INTAKE)));
+    out.push(headers(&names.route_exchange, &names.next_exchange));
+    let mut own = vec![("x-match", ArgValue::Str("any-with-x".into()))];
+    own.extend(INTAKE_OWN.iter().map(|h| (*h, ArgValue::Void)));
+    out.push(matching(&names.route_exchange, &names.intake_queue, own));
+    out.push(exchange(&names.intake_exchange, "fanout"));
+    out.push(Declaration::Binding {
+        exchange: names.intake_exchange.clone(),
+        queue: names.route_exchange.clone(),
+        key: String::new(),
+        args: Vec::new(),
+        to_exchange: true,
+    });
+    // before this topology the intake exchange fed the intake queue itself; the route above is
+    // bound first, so a failure published in between may reach both (a duplicate), never neither
+    out.push(Declaration::Unbinding {
+        exchange: names.intake_exchange.clone(),
+        queue: names.intake_queue.clone(),
+        key: String::new(),
+    });
     out.push(Declaration::Queue {
         name: names.parked.clone(),
         args: vec![("x-queue-type", ArgValue::Str("stream".into()))],
@@ -231,6 +320,29 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         older: None,
     });
     out
+}
+
+/// The arguments of a queue where messages wait `tier`: its TTL, dead-lettering into `N.L.due`
+/// when it expires, with the ladder's queue type and dead-letter strategy.
+fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str, ArgValue)> {
+    let mut args = vec![
+        ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into())),
+        ("x-message-ttl", ArgValue::Int(tier.ttl_ms() as i64)),
+        ("x-dead-letter-exchange", ArgValue::Str(names.due.clone())),
+    ];
+    match (spec.queue_type, spec.dead_letter_strategy) {
+        (QueueType::Quorum, DeadLetterStrategy::AtLeastOnce) => {
+            args.push(("x-dead-letter-strategy", ArgValue::Str("at-least-once".into())));
+            // at-least-once dead-lettering requires it
+            args.push(("x-overflow", ArgValue::Str("reject-publish".into())));
+        }
+        (QueueType::Classic, _) if tier.delay.as_secs() >= LAZY_TIER_SECS => {
+            // a long classic tier holds many messages; keep them on disk, not in memory
+            args.push(("x-queue-mode", ArgValue::Str("lazy".into())));
+        }
+        _ => {}
+    }
+    args
 }
 
 /// The held queue of `destination` (`N.L.held.<destination>`), declared when the destination is
@@ -297,8 +409,56 @@ mod tests {
         );
         assert!(plan.contains(&"binding  ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"".to_string()));
         assert!(plan.contains(&"queue    ns.orders.parked durable x-queue-type=stream".to_string()));
-        assert!(plan.contains(&"binding  ns.orders -> ns.orders.intake key=\"\"".to_string()));
+        // a failure's way in: N.L -> N.L.route -> (N.L.next) -> (N.L.first), and the binding of
+        // the topology before it removed
+        for line in [
+            "exchange ns.orders type=fanout durable",
+            "binding  ns.orders -> exchange ns.orders.route key=\"\"",
+            "unbind   ns.orders -> ns.orders.intake key=\"\"",
+            "exchange ns.orders.route type=headers durable alternate-exchange=ns.orders.next",
+            "binding  ns.orders.route -> ns.orders.intake key=\"\" x-match=any-with-x retry-delay=* x-delay=* \
+             delay-until=* retry-to-exchange=* retry-probe=*",
+            "exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first",
+            "binding  ns.orders.next -> ns.orders.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
+            "binding  ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
+            "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
+            "exchange ns.orders.first type=fanout durable",
+            "binding  ns.orders.first -> ns.orders.first.10s key=\"\"",
+            "queue    ns.orders.first.10s durable x-queue-type=quorum x-message-ttl=10000 \
+             x-dead-letter-exchange=ns.orders.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish",
+        ] {
+            assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
+        }
+        let at = |line: &str| plan.iter().position(|l| l == line).unwrap();
+        // an alternate exchange exists before anything can fall into it; the new way in is bound
+        // before the old one is removed
+        assert!(
+            at("exchange ns.orders.first type=fanout durable")
+                < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
+        );
+        assert!(
+            at("binding  ns.orders -> exchange ns.orders.route key=\"\"")
+                < at("unbind   ns.orders -> ns.orders.intake key=\"\"")
+        );
         assert!(plan.contains(&"binding  ns.orders.due -> ns.orders.due key=\"\"".to_string()));
+    }
+
+    #[test]
+    fn first_failures_go_through_the_intake_when_their_first_wait_is_drawn() {
+        let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        s.set_exact_delays(true);
+        s.jitter = Some(crate::model::ladder::Jitter { permille: 200 });
+        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &s, BrokerVersion::LATEST)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert!(plan.contains(&"binding  ns.orders.first -> ns.orders.intake key=\"\"".to_string()));
+        assert!(
+            !plan.iter().any(|l| l.starts_with("queue    ns.orders.first.")),
+            "{plan:#?}"
+        );
+        // and with jitter no delivery names a tier: every repeat failure goes through the intake
+        assert_eq!(s.next_route(1), None);
     }
 
     #[test]

@@ -268,7 +268,7 @@ pub fn declared_names(config: &Config) -> (Vec<String>, Vec<String>) {
         match d {
             Declaration::Queue { name, .. } => queues.push(name),
             Declaration::Exchange { name, .. } => exchanges.push(name),
-            Declaration::Binding { .. } => {}
+            Declaration::Binding { .. } | Declaration::Unbinding { .. } => {}
         }
     }
     (queues, exchanges)

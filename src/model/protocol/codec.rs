@@ -252,6 +252,7 @@ pub(super) const INTAKE_WRITES_WITH_USER: &[&str] = &[
     header::RETRY_TIER,
     header::RETRY_DUE_AT,
     header::RETRY_HISTORY,
+    header::RETRY_NEXT,
     header::RETRY_ORIGINAL_USER_ID,
 ];
 
@@ -594,10 +595,15 @@ pub(super) fn cancelled_detail(props: &BasicProperties) -> String {
 
 /// The queue named by the newest `x-death` entry (RabbitMQ keeps the newest first).
 pub(super) fn newest_death_queue(h: &FieldTable) -> Option<String> {
+    death_queue(h, 0)
+}
+
+/// The queue of the `x-death` entry after the newest `skip`, as [`newest_death_queue`].
+pub(super) fn death_queue(h: &FieldTable, skip: usize) -> Option<String> {
     let FieldValue::FieldArray(deaths) = h.get(header::X_DEATH)? else {
         return None;
     };
-    let FieldValue::FieldTable(newest) = deaths.first()? else {
+    let FieldValue::FieldTable(newest) = deaths.get(skip)? else {
         return None;
     };
     as_text(newest.get("queue")?)

@@ -19,6 +19,9 @@ impl<'a> HopContext<'a> {
     /// not overshoot; one that is due is checked again (the allow-list may have changed),
     /// stripped of what the tier's dead-lettering added, and delivered — or parked.
     pub fn due_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
+        if let Some(failure) = self.routed_failure(props) {
+            return self.take_in_after_wait(props, arrival, failure);
+        }
         let now_ms = arrival.now_ms;
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;
@@ -88,6 +91,7 @@ impl<'a> HopContext<'a> {
                 late_ms: 0,
                 due_at_ms: due,
                 kind: ForwardKind::Wait,
+                failure: false,
             }));
         }
         let (exchange, routing_key) = match &target {
@@ -101,10 +105,18 @@ impl<'a> HopContext<'a> {
                 (Cow::Owned(exchange.clone()), Cow::Owned(key))
             }
         };
-        // delivered as received; a scheduled delivery as it was published: the ladder's
-        // bookkeeping leaves with the wait
-        let except = if scheduled { SCHEDULED_BOOKKEEPING } else { &[] };
-        let (properties, carry) = carrying(props, None, except);
+        // delivered as received, with where its next failure waits; a scheduled delivery as it
+        // was published: the ladder's bookkeeping leaves with the wait
+        let (properties, carry) = if scheduled {
+            carrying(props, None, SCHEDULED_BOOKKEEPING)
+        } else {
+            let mut out = FieldTable::with_capacity(1);
+            out.push(
+                ShortString::from_static(header::RETRY_NEXT),
+                self.next_route(attempts.unwrap_or(0)),
+            );
+            carrying(props, Some(out), &[header::RETRY_NEXT])
+        };
         Decision::Forward(Box::new(Forward {
             exchange,
             routing_key,
@@ -115,7 +127,96 @@ impl<'a> HopContext<'a> {
             late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
             due_at_ms: 0,
             kind: ForwardKind::Deliver,
+            failure: false,
         }))
+    }
+
+    /// Whether a message at the due hop is a failure the broker routed past the intake: it
+    /// carries `retry-next` (which the service writes only on what it delivers), or it comes
+    /// out of a first-failure queue (`N.L.first.<tier>`, which only the broker routes into). The
+    /// queue it comes out of is the newest `x-death` entry's: the broker writes that entry on
+    /// the expiry itself, in front of any other (a client's forged entries included).
+    pub fn routed_failure(&self, props: &BasicProperties) -> Option<RoutedFailure> {
+        let h = props.headers.as_ref()?;
+        let from = newest_death_queue(h);
+        let from = from.as_deref();
+        let first = from.and_then(|q| self.names.first_queue_tier(q));
+        if first.is_none() && !h.contains_key(header::RETRY_NEXT) {
+            return None;
+        }
+        let tier = first.or_else(|| from.and_then(|q| self.names.tier_queue_tier(q)));
+        Some(match tier {
+            Some(name) => RoutedFailure {
+                waited_ms: self.tier_ms(name),
+                skip: 1,
+                queue: from.map(str::to_string),
+            },
+            None => RoutedFailure {
+                waited_ms: 0,
+                skip: 0,
+                queue: None,
+            },
+        })
+    }
+
+    /// How long the tier named `name` holds a message: the ladder's own tier's TTL, or what the
+    /// name says (a tier taken out of the ladder since).
+    fn tier_ms(&self, name: &str) -> u64 {
+        match self.spec.tiers.iter().find(|t| t.name == name) {
+            Some(tier) => tier.ttl_ms(),
+            None => parse_delay(&long_string(name)).map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    /// The `retry-next` value for a delivery of retry `attempt`.
+    fn next_route(&self, attempt: u64) -> FieldValue {
+        long_string(
+            self.spec
+                .next_route(attempt)
+                .map_or(header::NEXT_INTAKE, |tier| tier.name.as_str()),
+        )
+    }
+
+    /// A failure the broker routed past the intake, taken in as the intake would have at the
+    /// moment it failed (`failure.waited_ms` before now): validated, its attempt counted, its
+    /// delay chosen — then delivered when that delay is over, or waiting for what remains of it.
+    fn take_in_after_wait(
+        &self,
+        props: &BasicProperties,
+        arrival: &Arrival<'_>,
+        failure: RoutedFailure,
+    ) -> Decision<'a> {
+        let now_ms = arrival.now_ms;
+        let at_failure = Arrival {
+            now_ms: now_ms.saturating_sub(failure.waited_ms),
+            ..*arrival
+        };
+        let mut forward = match self.take_in(props, &at_failure, failure.skip) {
+            Decision::Forward(forward) => forward,
+            park @ Decision::Park(_) => return park,
+        };
+        forward.failure = true;
+        if forward.due_at_ms > now_ms {
+            let tier = self.spec.next_wait(Duration::from_millis(forward.due_at_ms - now_ms));
+            if let Some(own) = forward.properties.headers.as_mut() {
+                own.set(header::RETRY_TIER, long_string(&tier.name));
+            }
+            forward.routing_key = Cow::Borrowed(tier.name.as_str());
+            return Decision::Forward(forward);
+        }
+        // already due: out to its destination, as any retry is delivered
+        forward.late_ms = now_ms - forward.due_at_ms;
+        forward.due_at_ms = 0;
+        forward.exchange = Cow::Borrowed("");
+        forward.routing_key = Cow::Owned(forward.destination.clone());
+        forward.kind = ForwardKind::Deliver;
+        if let Some(own) = forward.properties.headers.as_mut() {
+            own.push(
+                ShortString::from_static(header::RETRY_NEXT),
+                self.next_route(forward.attempt),
+            );
+        }
+        Decision::Forward(forward)
     }
 
     /// Due: the message cannot be delivered now (`reason`), so it waits in a tier again without
@@ -135,6 +236,8 @@ impl<'a> HopContext<'a> {
             DeferReason::Refused => &tiers[(deferrals as usize - 1).min(tiers.len() - 1)],
         };
         let mut out = republished_headers(h);
+        // a wait the service schedules never carries it (see `routed_failure`)
+        out.remove(header::RETRY_NEXT);
         out.set(header::RETRY_DEFERRALS, FieldValue::LongLongInt(deferrals as i64));
         out.set(header::RETRY_TIER, long_string(&tier.name));
         let due_at_ms = now_ms.saturating_add(tier.ttl_ms());
@@ -153,6 +256,7 @@ impl<'a> HopContext<'a> {
             late_ms: 0,
             due_at_ms,
             kind: ForwardKind::Wait,
+            failure: false,
         }
     }
 

@@ -19,6 +19,13 @@ impl<'a> HopContext<'a> {
     /// Intake: a scheduled delivery (`x-delay`, `delay-until`) waits its exact delay; a failure
     /// is validated, its attempt counted, and it waits its retry's delay — or it is parked.
     pub fn intake_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
+        self.take_in(props, arrival, 0)
+    }
+
+    /// The intake's decision on a failure at `arrival` whose newest `skip` `x-death` entries are
+    /// the ladder's own (the wait a failure the broker routed has already had), so they neither
+    /// name its destination nor say how it came back.
+    pub(super) fn take_in(&self, props: &BasicProperties, arrival: &Arrival<'_>, skip: usize) -> Decision<'a> {
         let now_ms = arrival.now_ms;
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;
@@ -29,7 +36,7 @@ impl<'a> HopContext<'a> {
         // message was headed (operators search the parking lot by destination).
         let destination = match h.get(header::RETRY_TO) {
             Some(value) => check_queue_name(value),
-            None => newest_death_queue(h).ok_or_else(|| {
+            None => death_queue(h, skip).ok_or_else(|| {
                 format!(
                     "no {} header and no x-death entry naming the queue it failed in",
                     header::RETRY_TO
@@ -86,11 +93,20 @@ impl<'a> HopContext<'a> {
         if let Some(detail) = self.refuse_destination(&destination) {
             return park(ParkReason::DestinationNotAllowed, detail, Some(destination));
         }
-        if let Some(detail) = self.refuse_sender(props, h, &destination) {
+        if let Some(detail) = self.refuse_sender(props, h, &destination, skip) {
             return park(ParkReason::SenderNotAllowed, detail, Some(destination));
         }
         let min_delay = match h.get(header::RETRY_DELAY).map(parse_delay) {
             None => None,
+            Some(Ok(delay)) if delay > MAX_DELAY => {
+                let problem = format!(
+                    "{} is {} ms, beyond the longest delay ({} ms, 49 days)",
+                    header::RETRY_DELAY,
+                    delay.as_millis(),
+                    MAX_DELAY.as_millis()
+                );
+                return park(ParkReason::InvalidHeader, problem, Some(destination));
+            }
             Some(Ok(delay)) => Some(delay),
             Some(Err(problem)) => return park(ParkReason::InvalidHeader, problem, Some(destination)),
         };
@@ -170,6 +186,7 @@ impl<'a> HopContext<'a> {
             late_ms: 0,
             due_at_ms,
             kind: ForwardKind::Wait,
+            failure: false,
         }))
     }
 
@@ -274,6 +291,7 @@ impl<'a> HopContext<'a> {
             late_ms: 0,
             due_at_ms: due_at,
             kind: ForwardKind::Wait,
+            failure: false,
         }))
     }
 
@@ -325,11 +343,17 @@ impl<'a> HopContext<'a> {
     /// ladder lists no senders). Intake only: the sender is the `user_id` property, which the
     /// broker checked against the publishing connection; on later hops it is Ladder's own
     /// publish, and `retry-original-user-id` is a header anyone can write.
-    pub(super) fn refuse_sender(&self, props: &BasicProperties, h: &FieldTable, destination: &str) -> Option<String> {
+    pub(super) fn refuse_sender(
+        &self,
+        props: &BasicProperties,
+        h: &FieldTable,
+        destination: &str,
+        skip: usize,
+    ) -> Option<String> {
         let senders = self.spec.senders.as_ref()?;
         // Dead-lettered out of the very queue it is headed back to. Not "no retry-to": from
         // the second pass on, the message carries the retry-to the ladder set on the first.
-        let mode = if newest_death_queue(h).as_deref() == Some(destination) {
+        let mode = if death_queue(h, skip).as_deref() == Some(destination) {
             Mode::DeadLetter
         } else {
             Mode::Explicit

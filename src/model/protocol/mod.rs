@@ -59,6 +59,19 @@ pub mod header {
     /// destination refused it, or had too many in flight); not an attempt. Cleared by the
     /// intake when the next attempt is scheduled.
     pub const RETRY_DEFERRALS: &str = "retry-deferrals";
+    /// Where this message's next failure waits (ladder, on every delivery of a retry): the name
+    /// of a tier of its ladder, or `intake`. `N.L.next` routes a failure carrying it (and the
+    /// `retry-ladder` of that ladder) straight into that tier, so a repeat failure skips the
+    /// intake; the due hop then does the intake's work for it. Never on a wait the service
+    /// schedules, so a message that comes due with it is known to be a failure.
+    pub const RETRY_NEXT: &str = "retry-next";
+    /// The value of [`RETRY_NEXT`] that sends a failure to the intake (its ladder is exhausted,
+    /// or its next delay is drawn there).
+    pub const NEXT_INTAKE: &str = "intake";
+    /// A failure carrying any of these goes to the intake (`N.L.route`'s binding, on the
+    /// header's presence): each asks for what only the intake does — an exact delay counted
+    /// from the failure, a scheduled delivery, a probe's failure.
+    pub const INTAKE_OWN: &[&str] = &[RETRY_DELAY, X_DELAY, DELAY_UNTIL, RETRY_TO_EXCHANGE, RETRY_PROBE];
     /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
     /// joined by `,`, oldest first, one appended per retry scheduled, at most
     /// [`super::MAX_HISTORY_ENTRIES`] (the newest). Tier names are compact durations (digits and
@@ -88,6 +101,7 @@ pub mod header {
         RETRY_REPLAYED_FROM,
         RETRY_DEFERRALS,
         RETRY_HISTORY,
+        RETRY_NEXT,
     ];
 }
 
@@ -263,6 +277,11 @@ pub struct Forward<'a> {
     pub due_at_ms: u64,
     /// Into a tier to wait, or out to its destination.
     pub kind: ForwardKind,
+    /// Due hop: a failure the broker routed past the intake (`retry-next`, or a first failure
+    /// out of `N.L.first.<tier>`), taken in here as the intake would have: it entered the
+    /// ladder at this hop, and a deferral starts from what this forward publishes, not from
+    /// what was received.
+    pub failure: bool,
 }
 
 /// What a [`Forward`] carries over as received: every header but the broker's
@@ -364,6 +383,19 @@ impl Arrival<'static> {
             cancelled: false,
         }
     }
+}
+
+/// A failure the broker routed straight into a wait (see [`HopContext::routed_failure`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedFailure {
+    /// The ladder's queue it waited in (`N.L.first.<tier>` or `N.L.delay.<tier>`), if known.
+    pub queue: Option<String>,
+    /// How long it waited before it came due: the TTL of the ladder's queue it expired from
+    /// (0 when that is not one of the ladder's).
+    pub waited_ms: u64,
+    /// How many of its newest `x-death` entries are that wait's (0 or 1): skipped when its
+    /// destination and sender are read from the rest, as the intake reads them.
+    pub skip: usize,
 }
 
 /// What to do with one delivery.

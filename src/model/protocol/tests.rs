@@ -1170,3 +1170,217 @@ fn a_returned_first_failure_is_parked_with_when_it_first_failed() {
     let park = no_route(Hop::Intake, &later, &out, 312, "NO_ROUTE");
     assert_eq!((park.first_failed_at_ms, park.attempts), (Some(NOW - 5_000), Some(1)));
 }
+
+/// An `x-death` entry the broker writes when a message expires from `queue`.
+fn expired(queue: &str) -> FieldValue {
+    let mut entry = FieldTable::default();
+    entry.set("queue", long_string(queue));
+    entry.set("reason", long_string("expired"));
+    entry.set("count", FieldValue::LongLongInt(1));
+    FieldValue::FieldTable(entry)
+}
+
+/// `delivered` as it comes back to the due hop after its consumer rejected it and the broker
+/// routed it by its `retry-next` into `tier`, whose TTL then expired.
+fn rejected_into(delivered: &BasicProperties, tier: &str) -> BasicProperties {
+    let mut back = delivered.clone();
+    let headers = back.headers.get_or_insert_with(FieldTable::default);
+    headers.set(
+        "x-death",
+        FieldValue::FieldArray(vec![expired(tier), death("orders")].into()),
+    );
+    back
+}
+
+#[test]
+fn a_repeat_failure_routed_past_the_intake_is_taken_in_at_the_due_hop() {
+    let f = fixture();
+    let input = props(&[("retry-to", long_string("orders"))]);
+    let first = forward(f.ctx().intake(&input, NOW));
+    let delivered = forward(f.ctx().due(&first.properties, NOW + 200));
+    assert_eq!((delivered.kind, delivered.attempt), (ForwardKind::Deliver, 1));
+    // where its next failure waits: the second step
+    assert_eq!(header(&delivered.properties, "retry-next"), Some(&long_string("500ms")));
+
+    // the consumer rejects it at NOW + 210; the broker routes it into the 500 ms tier
+    let back = rejected_into(&delivered.properties, "ns.default.delay.500ms");
+    assert_eq!(
+        f.ctx().routed_failure(&back).map(|r| (r.waited_ms, r.skip)),
+        Some((500, 1))
+    );
+    let out = forward(f.ctx().due(&back, NOW + 710 + 2));
+    assert!(out.failure, "taken in here");
+    assert_eq!(
+        (out.kind, &*out.exchange, &*out.routing_key),
+        (ForwardKind::Deliver, "", "orders")
+    );
+    assert_eq!(out.attempt, 2);
+    assert_eq!(out.late_ms, 0, "the wait it had is its delay");
+    let p = &out.properties;
+    assert_eq!(header(p, "retry-attempt"), Some(&FieldValue::LongLongInt(2)));
+    assert_eq!(header(p, "retry-next"), Some(&long_string("1s")));
+    assert_eq!(
+        header(p, "retry-first-failed-at"),
+        Some(&FieldValue::LongLongInt(NOW as i64))
+    );
+    assert!(header(p, "x-death").is_none(), "the broker's annotations are stripped");
+    let history = parse_history(header(p, "retry-history").unwrap());
+    assert_eq!(
+        history.iter().map(|e| (e.attempt, e.tier.as_str())).collect::<Vec<_>>(),
+        [(1, "200ms"), (2, "500ms")]
+    );
+    assert_eq!(
+        history[1].failed_at_ms,
+        NOW + 212,
+        "failed a tier's TTL before it came due"
+    );
+
+    // the last retry: the next failure goes to the intake, which parks it at once
+    let back = rejected_into(p, "ns.default.delay.1s");
+    let third = forward(f.ctx().due(&back, NOW + 2_000));
+    assert_eq!(third.attempt, 3);
+    assert_eq!(header(&third.properties, "retry-next"), Some(&long_string("intake")));
+    let exhausted = parked(f.ctx().intake(&third.properties, NOW + 2_100));
+    assert_eq!(exhausted.reason, ParkReason::MaxAttempts);
+}
+
+#[test]
+fn a_first_failure_out_of_the_first_queue_is_counted_from_when_it_failed() {
+    let f = fixture();
+    // dead-letter mode: the consumer's queue rejected it into N.L, which routed it into the
+    // first-failure queue; no header of the ladder's
+    let back = props(&[
+        ("app", FieldValue::LongInt(7)),
+        (
+            "x-death",
+            FieldValue::FieldArray(vec![expired("ns.default.first.200ms"), death("orders")].into()),
+        ),
+    ]);
+    let out = forward(f.ctx().due(&back, NOW + 200));
+    assert!(out.failure);
+    assert_eq!(
+        (out.kind, &*out.routing_key, out.attempt),
+        (ForwardKind::Deliver, "orders", 1)
+    );
+    let p = &out.properties;
+    assert_eq!(
+        header(p, "retry-to"),
+        Some(&long_string("orders")),
+        "read from the x-death entry behind the wait's"
+    );
+    assert_eq!(
+        header(p, "retry-first-failed-at"),
+        Some(&FieldValue::LongLongInt(NOW as i64))
+    );
+    assert_eq!(header(p, "retry-next"), Some(&long_string("500ms")));
+    assert_eq!(header(p, "app"), Some(&FieldValue::LongInt(7)));
+}
+
+#[test]
+fn a_forged_route_gets_every_check_a_first_failure_gets() {
+    let f = fixture();
+    let forged = |extra: &[(&str, FieldValue)]| {
+        let mut headers = vec![
+            ("retry-next", long_string("200ms")),
+            ("retry-ladder", long_string("default")),
+            (
+                "x-death",
+                FieldValue::FieldArray(vec![expired("ns.default.delay.200ms")].into()),
+            ),
+        ];
+        headers.extend(extra.iter().cloned());
+        props(&headers)
+    };
+    // a destination outside the allow-list
+    let p = parked(f.ctx().due(&forged(&[("retry-to", long_string("payroll"))]), NOW));
+    assert_eq!(p.reason, ParkReason::DestinationNotAllowed);
+    // an attempt count past the ladder
+    let p = parked(f.ctx().due(
+        &forged(&[
+            ("retry-to", long_string("orders")),
+            ("retry-attempt", FieldValue::LongLongInt(3)),
+        ]),
+        NOW,
+    ));
+    assert_eq!(p.reason, ParkReason::MaxAttempts);
+    // a header of the wrong type
+    let p = parked(f.ctx().due(
+        &forged(&[("retry-to", long_string("orders")), ("retry-attempt", long_string("x"))]),
+        NOW,
+    ));
+    assert_eq!(p.reason, ParkReason::InvalidHeader);
+    // no destination at all
+    assert_eq!(parked(f.ctx().due(&forged(&[]), NOW)).reason, ParkReason::NoDestination);
+    // a sender the ladder does not list
+    let mut listed = fixture();
+    listed.spec = listed.spec.clone().with_senders(crate::model::ladder::Senders {
+        grants: vec![("orders-svc".into(), regex::RegexSet::new(["^orders$"]).unwrap())],
+        unidentified: crate::model::ladder::Unidentified::Reject,
+    });
+    let from_stranger = BasicProperties {
+        user_id: s("stranger"),
+        ..forged(&[("retry-to", long_string("orders"))])
+    };
+    assert_eq!(
+        parked(listed.ctx().due(&from_stranger, NOW)).reason,
+        ParkReason::SenderNotAllowed
+    );
+    // routed into a tier shorter than its retry's delay: it waits for the rest, never early
+    let short = forward(f.ctx().due(
+        &forged(&[
+            ("retry-to", long_string("orders")),
+            ("retry-attempt", FieldValue::LongLongInt(1)),
+        ]),
+        NOW,
+    ));
+    assert_eq!(
+        (short.kind, &*short.routing_key, short.due_at_ms),
+        (ForwardKind::Wait, "256ms", NOW + 300)
+    );
+    assert!(short.failure);
+    assert!(
+        header(&short.full_properties(&forged(&[])), "retry-next").is_none(),
+        "a wait the service schedules never carries retry-next"
+    );
+}
+
+#[test]
+fn a_wait_the_service_schedules_never_carries_retry_next() {
+    let f = fixture();
+    let input = props(&[("retry-to", long_string("orders")), ("retry-next", long_string("1s"))]);
+    let out = f.ctx().intake(&input, NOW);
+    assert!(header(&forward(out).properties, "retry-next").is_none());
+    let deferred = f.ctx().defer(&input, DeferReason::Busy, NOW);
+    assert!(header(&deferred.properties, "retry-next").is_none());
+    // what is not a routed failure: a wait the service scheduled, coming out of its tier
+    let leg = BasicProperties {
+        headers: Some({
+            let mut h = input.headers.clone().unwrap();
+            h.remove("retry-next");
+            h.set(
+                "x-death",
+                FieldValue::FieldArray(vec![expired("ns.default.delay.1s")].into()),
+            );
+            h
+        }),
+        ..Default::default()
+    };
+    assert_eq!(f.ctx().routed_failure(&leg), None);
+}
+
+#[test]
+fn a_retry_delay_beyond_the_longest_delay_is_refused_at_once() {
+    let f = fixture();
+    for value in [long_string("1y"), FieldValue::LongLongInt(i64::MAX)] {
+        let p = parked(f.ctx().intake(
+            &props(&[("retry-to", long_string("orders")), ("retry-delay", value)]),
+            NOW,
+        ));
+        assert_eq!(p.reason, ParkReason::InvalidHeader);
+        assert!(
+            p.detail.contains("beyond the longest delay (4233600000 ms"),
+            "{}",
+            p.detail
+        );
+    }
+}
