@@ -58,7 +58,7 @@ pub const ACCOUNTING_RULES: Rules = Rules { tolerance: 0, polls: 3 };
 /// The queue roles whose ready messages count as waiting in the ladder: the tiers, `due` and
 /// `quarantine` (what it holds is parked by the service).
 fn is_waiting_role(role: &str) -> bool {
-    role == "due" || role == "quarantine" || role == "held" || role.starts_with("delay.")
+    role == "due" || role == "quarantine" || role == "held" || role.starts_with("delay.") || role.starts_with("first.")
 }
 
 /// The service's counters of one ladder, read from its metric handles.
@@ -497,6 +497,7 @@ mod tests {
     #[test]
     fn only_tiers_and_due_count_as_waiting() {
         assert!(is_waiting_role("due") && is_waiting_role("delay.10s") && is_waiting_role("quarantine"));
+        assert!(is_waiting_role("first.10s"), "a routed first failure waits there");
         assert!(!is_waiting_role("intake") && !is_waiting_role("parked"));
     }
 }
