@@ -249,8 +249,12 @@ pub async fn serve(
         // The due hop neither reads nor republishes the broker's dead-letter annotations (every
         // hop strips them, `protocol::is_stripped`): stepped over undecoded, as decoding,
         // copying and freeing `x-death` was a tenth of the work per retry. The intake and the
-        // quarantine read them (dead-letter mode, why a message was dead-lettered).
-        channel.skip_header_keys(ladder_amqp::DEAD_LETTER_HEADERS);
+        // quarantine read them (dead-letter mode, why a message was dead-lettered), and so does
+        // the due hop of a ladder that lists senders: the sender rule on a failure the broker
+        // routed past the intake asks whether it was dead-lettered (`Mode`).
+        if ladder.spec.senders.is_none() {
+            channel.skip_header_keys(ladder_amqp::DEAD_LETTER_HEADERS);
+        }
     }
     let queue = ladder.queue(hop);
     let mut consumer = channel

@@ -402,13 +402,6 @@ impl LadderSpec {
         Some(self.tier_for_attempt(u32::try_from(next).unwrap_or(u32::MAX)))
     }
 
-    /// Where a first failure waits when the broker routes it (`N.L.first.<tier>`): the first
-    /// step, when the first retry's wait is exactly that; `None` sends first failures through
-    /// the intake.
-    pub fn first_route(&self) -> Option<&Tier> {
-        self.next_route(0)
-    }
-
     /// The tier to wait in next when `remaining` is still to wait: the longest tier no longer
     /// than it (so a message is never early), or the shortest when every tier is longer. With
     /// the delay levels every wait at least halves what remains, so a delay `d` takes at most

@@ -19,8 +19,8 @@ pub struct Names {
     /// `N.L.next`: a headers exchange routing a repeat failure by its `retry-next` header
     /// straight into its tier (or, `retry-next: intake`, to the intake); the rest to `N.L.first`.
     pub next_exchange: String,
-    /// `N.L.first`: the fanout exchange of first failures: into `N.L.first.<tier>`, or the
-    /// intake when the ladder's first wait is not one fixed tier.
+    /// `N.L.first`: the fanout exchange of what `N.L.next` does not route — first failures
+    /// above all — into `N.L.intake`.
     pub first_exchange: String,
     /// `N.L.intake`: the queue the service consumes failures from.
     pub intake_queue: String,
@@ -82,35 +82,16 @@ impl Names {
 
     /// `N.L.delay.<tier>`.
     pub fn tier_queue(&self, tier: &Tier) -> String {
-        format!("{}.delay.{}", self.intake_exchange, tier.name)
+        self.tier_queue_named(&tier.name)
     }
 
-    /// `N.L.first.<tier>`: where a first failure the broker routes waits its first step. A
-    /// queue of its own, not the step's tier, so the due hop knows what comes out of it for a
-    /// failure (the newest `x-death` entry names it, which only the broker writes) and not a
-    /// wait the service scheduled.
-    pub fn first_queue(&self, tier: &Tier) -> String {
-        format!("{}.first.{}", self.intake_exchange, tier.name)
-    }
-
-    /// The tier name of a tier queue of this ladder (`N.L.delay.<tier>`), if `queue` is one.
-    pub fn tier_queue_tier<'q>(&self, queue: &'q str) -> Option<&'q str> {
-        queue
-            .strip_prefix(self.intake_exchange.as_str())?
-            .strip_prefix(".delay.")
-    }
-
-    /// The tier name of a first-failure queue of this ladder (`N.L.first.<tier>`), if `queue`
-    /// is one.
-    pub fn first_queue_tier<'q>(&self, queue: &'q str) -> Option<&'q str> {
-        queue
-            .strip_prefix(self.intake_exchange.as_str())?
-            .strip_prefix(".first.")
+    /// `N.L.delay.<name>`, for a tier known by its name only.
+    pub fn tier_queue_named(&self, name: &str) -> String {
+        format!("{}.delay.{name}", self.intake_exchange)
     }
 
     /// Every queue of the ladder with its role, the `queue` label of `ladder_queue_messages`:
-    /// `intake`, `due`, `parked`, `quarantine`, `first.<tier>` (when first failures are routed
-    /// by the broker), then `delay.<tier>` shortest first.
+    /// `intake`, `due`, `parked`, `quarantine`, then `delay.<tier>` shortest first.
     pub fn queues(&self, spec: &LadderSpec) -> Vec<(String, String)> {
         let mut queues = vec![
             ("intake".to_string(), self.intake_queue.clone()),
@@ -118,10 +99,6 @@ impl Names {
             ("parked".to_string(), self.parked.clone()),
             ("quarantine".to_string(), self.quarantine.clone()),
         ];
-        queues.extend(
-            spec.first_route()
-                .map(|tier| (format!("first.{}", tier.name), self.first_queue(tier))),
-        );
         queues.extend(
             spec.tiers
                 .iter()
@@ -219,13 +196,7 @@ mod tests {
         );
         let long = Tier::new(Duration::from_millis(5_400_000));
         assert_eq!(n.tier_queue(&long), "ns.orders.delay.1h30m");
-        assert_eq!(n.first_queue(&long), "ns.orders.first.1h30m");
-        assert_eq!(n.tier_queue_tier("ns.orders.delay.1h30m"), Some("1h30m"));
-        assert_eq!(n.first_queue_tier("ns.orders.first.1h30m"), Some("1h30m"));
-        // another ladder's queues are not this one's, whatever their shape
-        assert_eq!(n.tier_queue_tier("ns.orders2.delay.1s"), None);
-        assert_eq!(n.first_queue_tier("ns.other.first.1s"), None);
-        assert_eq!(n.first_queue_tier("ns.orders.delay.1s"), None);
+        assert_eq!(n.tier_queue_named("1h30m"), "ns.orders.delay.1h30m");
         let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         let queues = n.queues(&s);
         let roles: Vec<(&str, &str)> = queues.iter().map(|(r, q)| (r.as_str(), q.as_str())).collect();
@@ -236,7 +207,6 @@ mod tests {
                 ("due", "ns.orders.due"),
                 ("parked", "ns.orders.parked"),
                 ("quarantine", "ns.orders.quarantine"),
-                ("first.10s", "ns.orders.first.10s"),
                 ("delay.10s", "ns.orders.delay.10s"),
                 ("delay.1h", "ns.orders.delay.1h"),
             ]

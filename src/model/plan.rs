@@ -245,22 +245,11 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         out.push(bind(&names.tiers_exchange, &queue, &tier.name));
     }
     // A failure's way in (README "How a retry travels"): N.L -> N.L.route -> N.L.next ->
-    // N.L.first, each headers exchange passing what it does not match to the next. Declared
-    // from the end back, so an alternate exchange exists before anything can fall into it.
-    let first_target = match spec.first_route() {
-        Some(tier) => {
-            let queue = names.first_queue(tier);
-            out.push(Declaration::Queue {
-                name: queue.clone(),
-                args: tier_args(names, spec, tier),
-                older: None,
-            });
-            queue
-        }
-        None => names.intake_queue.clone(),
-    };
+    // N.L.first -> N.L.intake, each headers exchange passing what it does not match on to the
+    // next. Declared from the end back, so an alternate exchange exists before anything can
+    // fall into it.
     out.push(exchange(&names.first_exchange, "fanout"));
-    out.push(bind(&names.first_exchange, &first_target, ""));
+    out.push(bind(&names.first_exchange, &names.intake_queue, ""));
     out.push(headers(&names.next_exchange, &names.first_exchange));
     let next = |value: &str| {
         vec![
@@ -423,9 +412,7 @@ mod tests {
             "binding  ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
             "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
             "exchange ns.orders.first type=fanout durable",
-            "binding  ns.orders.first -> ns.orders.first.10s key=\"\"",
-            "queue    ns.orders.first.10s durable x-queue-type=quorum x-message-ttl=10000 \
-             x-dead-letter-exchange=ns.orders.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish",
+            "binding  ns.orders.first -> ns.orders.intake key=\"\"",
         ] {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
         }
@@ -444,21 +431,15 @@ mod tests {
     }
 
     #[test]
-    fn first_failures_go_through_the_intake_when_their_first_wait_is_drawn() {
+    fn with_jitter_every_failure_goes_through_the_intake() {
         let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         s.set_exact_delays(true);
         s.jitter = Some(crate::model::ladder::Jitter { permille: 200 });
-        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &s, BrokerVersion::LATEST)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
-        assert!(plan.contains(&"binding  ns.orders.first -> ns.orders.intake key=\"\"".to_string()));
-        assert!(
-            !plan.iter().any(|l| l.starts_with("queue    ns.orders.first.")),
-            "{plan:#?}"
-        );
-        // and with jitter no delivery names a tier: every repeat failure goes through the intake
+        // no delivery names a tier: the intake draws each delay
         assert_eq!(s.next_route(1), None);
+        let plain = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        assert_eq!(plain.next_route(1).map(|t| t.name.as_str()), Some("1h"));
+        assert_eq!(plain.next_route(3), None, "its next failure would exhaust the ladder");
     }
 
     #[test]

@@ -196,11 +196,9 @@ fn contract(ns: &str) -> Vec<String> {
         format!("exchange {n}.quarantine type=fanout durable"),
         format!("queue    {n}.quarantine durable x-queue-type=quorum x-delivery-limit=-1"),
         format!("binding  {n}.quarantine -> {n}.quarantine key=\"\""),
-        format!("exchange {n} type=fanout durable"),
         format!(
             "queue    {n}.intake durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
         ),
-        format!("binding  {n} -> {n}.intake key=\"\""),
         format!("exchange {n}.tiers type=direct durable"),
         format!("exchange {n}.due type=fanout durable"),
         format!(
@@ -217,6 +215,20 @@ fn contract(ns: &str) -> Vec<String> {
              x-dead-letter-exchange={n}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
         ),
         format!("binding  {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
+        format!("exchange {n}.first type=fanout durable"),
+        format!("binding  {n}.first -> {n}.intake key=\"\""),
+        format!("exchange {n}.next type=headers durable alternate-exchange={n}.first"),
+        format!("binding  {n}.next -> {n}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
+        format!("binding  {n}.next -> {n}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
+        format!("binding  {n}.next -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
+        format!("exchange {n}.route type=headers durable alternate-exchange={n}.next"),
+        format!(
+            "binding  {n}.route -> {n}.intake key=\"\" x-match=any-with-x retry-delay=* x-delay=* delay-until=* \
+             retry-to-exchange=* retry-probe=*"
+        ),
+        format!("exchange {n} type=fanout durable"),
+        format!("binding  {n} -> exchange {n}.route key=\"\""),
+        format!("unbind   {n} -> {n}.intake key=\"\""),
         format!("queue    {n}.parked durable x-queue-type=stream"),
         format!("queue    {n}.holds durable x-queue-type=stream"),
     ]

@@ -19,6 +19,7 @@ mod docs;
 mod examples;
 mod holds;
 mod nothing_lost;
+mod one_hop;
 mod openapi;
 mod operator_views;
 mod parking;

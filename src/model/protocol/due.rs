@@ -132,30 +132,18 @@ impl<'a> HopContext<'a> {
     }
 
     /// Whether a message at the due hop is a failure the broker routed past the intake: it
-    /// carries `retry-next` (which the service writes only on what it delivers), or it comes
-    /// out of a first-failure queue (`N.L.first.<tier>`, which only the broker routes into). The
-    /// queue it comes out of is the newest `x-death` entry's: the broker writes that entry on
-    /// the expiry itself, in front of any other (a client's forged entries included).
+    /// carries `retry-next`, which the service writes only on what it delivers (never on a wait
+    /// it schedules), and by which `N.L.next` routed it into that tier. `skip` is 1 when its
+    /// newest `x-death` entry (decoded only where the ladder lists `senders`) is that tier's.
     pub fn routed_failure(&self, props: &BasicProperties) -> Option<RoutedFailure> {
         let h = props.headers.as_ref()?;
-        let from = newest_death_queue(h);
-        let from = from.as_deref();
-        let first = from.and_then(|q| self.names.first_queue_tier(q));
-        if first.is_none() && !h.contains_key(header::RETRY_NEXT) {
-            return None;
-        }
-        let tier = first.or_else(|| from.and_then(|q| self.names.tier_queue_tier(q)));
-        Some(match tier {
-            Some(name) => RoutedFailure {
-                waited_ms: self.tier_ms(name),
-                skip: 1,
-                queue: from.map(str::to_string),
-            },
-            None => RoutedFailure {
-                waited_ms: 0,
-                skip: 0,
-                queue: None,
-            },
+        let tier = as_text(h.get(header::RETRY_NEXT)?).unwrap_or_default();
+        let queue = self.names.tier_queue_named(tier);
+        let skip = usize::from(newest_death_queue(h).as_deref() == Some(queue.as_str()));
+        Some(RoutedFailure {
+            waited_ms: self.tier_ms(tier),
+            skip,
+            queue: Some(queue),
         })
     }
 

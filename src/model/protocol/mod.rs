@@ -63,7 +63,9 @@ pub mod header {
     /// of a tier of its ladder, or `intake`. `N.L.next` routes a failure carrying it (and the
     /// `retry-ladder` of that ladder) straight into that tier, so a repeat failure skips the
     /// intake; the due hop then does the intake's work for it. Never on a wait the service
-    /// schedules, so a message that comes due with it is known to be a failure.
+    /// schedules, so a message that comes due with it is known to be a failure — and one that
+    /// comes due without it is a wait the service scheduled, which only a publisher to the
+    /// tiers exchange can forge (as before).
     pub const RETRY_NEXT: &str = "retry-next";
     /// The value of [`RETRY_NEXT`] that sends a failure to the intake (its ladder is exhausted,
     /// or its next delay is drawn there).
@@ -277,8 +279,7 @@ pub struct Forward<'a> {
     pub due_at_ms: u64,
     /// Into a tier to wait, or out to its destination.
     pub kind: ForwardKind,
-    /// Due hop: a failure the broker routed past the intake (`retry-next`, or a first failure
-    /// out of `N.L.first.<tier>`), taken in here as the intake would have: it entered the
+    /// Due hop: a failure the broker routed past the intake by its `retry-next`, taken in here as the intake would have: it entered the
     /// ladder at this hop, and a deferral starts from what this forward publishes, not from
     /// what was received.
     pub failure: bool,
@@ -388,10 +389,10 @@ impl Arrival<'static> {
 /// A failure the broker routed straight into a wait (see [`HopContext::routed_failure`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedFailure {
-    /// The ladder's queue it waited in (`N.L.first.<tier>` or `N.L.delay.<tier>`), if known.
+    /// The ladder's queue it waited in (`N.L.delay.<retry-next>`).
     pub queue: Option<String>,
-    /// How long it waited before it came due: the TTL of the ladder's queue it expired from
-    /// (0 when that is not one of the ladder's).
+    /// How long it waited before it came due: the TTL of that tier (0 when `retry-next` names
+    /// none).
     pub waited_ms: u64,
     /// How many of its newest `x-death` entries are that wait's (0 or 1): skipped when its
     /// destination and sender are read from the rest, as the intake reads them.

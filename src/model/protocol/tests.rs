@@ -1245,38 +1245,6 @@ fn a_repeat_failure_routed_past_the_intake_is_taken_in_at_the_due_hop() {
 }
 
 #[test]
-fn a_first_failure_out_of_the_first_queue_is_counted_from_when_it_failed() {
-    let f = fixture();
-    // dead-letter mode: the consumer's queue rejected it into N.L, which routed it into the
-    // first-failure queue; no header of the ladder's
-    let back = props(&[
-        ("app", FieldValue::LongInt(7)),
-        (
-            "x-death",
-            FieldValue::FieldArray(vec![expired("ns.default.first.200ms"), death("orders")].into()),
-        ),
-    ]);
-    let out = forward(f.ctx().due(&back, NOW + 200));
-    assert!(out.failure);
-    assert_eq!(
-        (out.kind, &*out.routing_key, out.attempt),
-        (ForwardKind::Deliver, "orders", 1)
-    );
-    let p = &out.properties;
-    assert_eq!(
-        header(p, "retry-to"),
-        Some(&long_string("orders")),
-        "read from the x-death entry behind the wait's"
-    );
-    assert_eq!(
-        header(p, "retry-first-failed-at"),
-        Some(&FieldValue::LongLongInt(NOW as i64))
-    );
-    assert_eq!(header(p, "retry-next"), Some(&long_string("500ms")));
-    assert_eq!(header(p, "app"), Some(&FieldValue::LongInt(7)));
-}
-
-#[test]
 fn a_forged_route_gets_every_check_a_first_failure_gets() {
     let f = fixture();
     let forged = |extra: &[(&str, FieldValue)]| {
