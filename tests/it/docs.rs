@@ -153,7 +153,7 @@ fn links(text: &str) -> Vec<(usize, String)> {
                 i += run;
                 continue;
             }
-            if ticks == 0 && line[i..].starts_with("](") {
+            if ticks == 0 && bytes[i..].starts_with(b"](") {
                 let rest = &line[i + 2..];
                 if let Some(end) = rest.find(')') {
                     out.push((number, rest[..end].to_string()));
@@ -387,6 +387,8 @@ fn accepted_keys(main: &str, ladder: &str) -> Vec<String> {
         .split_once("expected one of ")
         .unwrap_or_else(|| panic!("the error names the keys: {error}"))
         .1;
+    // a nested table's error ends in "for key `amqp.tls`"
+    let expected = expected.split(" for key ").next().unwrap();
     let keys: Vec<String> = expected
         .split('`')
         .skip(1)
@@ -428,7 +430,7 @@ fn the_configuration_chapter_names_every_key_and_no_other() {
         "auto_hold.",
         accepted_keys("", &format!("{LADDER}[auto_hold]\nzz_unknown = 1\n")),
     ));
-    assert!(accepted.len() >= 25 && ladder_keys.len() >= 15, "{accepted:?} {ladder_keys:?}");
+    assert!(accepted.len() >= 20 && ladder_keys.len() >= 15, "{accepted:?} {ladder_keys:?}");
 
     let page = chapter("reference/configuration.md");
     for (heading, accepted) in [
