@@ -32,7 +32,11 @@ fn read(path: &Path) -> String {
 fn page(path: &Path) -> String {
     let mut out = String::new();
     for line in read(path).lines() {
-        match line.trim().strip_prefix("{{#include ").and_then(|l| l.strip_suffix("}}")) {
+        match line
+            .trim()
+            .strip_prefix("{{#include ")
+            .and_then(|l| l.strip_suffix("}}"))
+        {
             Some(included) => out.push_str(&read(&path.parent().unwrap().join(included.trim()))),
             None => out.push_str(line),
         }
@@ -197,7 +201,9 @@ fn broken_links(file: &Path, text: &str, in_book: bool) -> Vec<String> {
         }
         if let Some(anchor) = anchor {
             if !is_markdown {
-                broken.push(format!("{here}:{line}: {target}: an anchor into a file that is not Markdown"));
+                broken.push(format!(
+                    "{here}:{line}: {target}: an anchor into a file that is not Markdown"
+                ));
             } else if !anchors(&page(&resolved)).contains(anchor) {
                 broken.push(format!("{here}:{line}: {target}: no heading #{anchor} there"));
             }
@@ -215,7 +221,12 @@ fn book_links_land() {
     for file in book_pages() {
         broken.extend(broken_links(&file, &page(&file), true));
     }
-    for file in ["README.md", "BENCHMARKS.md", "benchmarks/history.md", "examples/README.md"] {
+    for file in [
+        "README.md",
+        "BENCHMARKS.md",
+        "benchmarks/history.md",
+        "examples/README.md",
+    ] {
         let path = root().join(file);
         broken.extend(broken_links(&path, &read(&path), false));
     }
@@ -245,7 +256,10 @@ fn the_link_checker_catches_what_is_broken() {
         "the-parked-envelope-ladderparkedv1"
     );
     assert_eq!(heading_id("Runbook: LadderDown"), "runbook-ladderdown");
-    assert_eq!(heading_id("With RabbitMQ 4.3's own delayed retry"), "with-rabbitmq-43s-own-delayed-retry");
+    assert_eq!(
+        heading_id("With RabbitMQ 4.3's own delayed retry"),
+        "with-rabbitmq-43s-own-delayed-retry"
+    );
     let twice = anchors("# A\n## Same\n```\n# not a heading\n```\n## Same\n");
     assert_eq!(twice, BTreeSet::from(["a".into(), "same".into(), "same-1".into()]));
     let page = book_src().join("protocol.md");
@@ -275,7 +289,10 @@ fn every_alert_links_to_its_runbook_in_the_book() {
                 .strip_prefix("docs/src/operations/runbooks.md#")
                 .unwrap_or_else(|| panic!("{alert}: {link}"));
             assert_eq!(anchor, format!("runbook-{}", alert.to_lowercase()), "{alert}");
-            assert!(runbooks.contains(anchor), "the runbooks have no heading #{anchor} ({alert})");
+            assert!(
+                runbooks.contains(anchor),
+                "the runbooks have no heading #{anchor} ({alert})"
+            );
         }
     }
     assert!(alerts >= 8, "the rules were read: {alerts}");
@@ -299,7 +316,10 @@ fn first_column_names(text: &str) -> BTreeSet<String> {
 
 /// The part of `text` from the heading `from` to the next heading of the same level or higher.
 fn section<'a>(text: &'a str, from: &str) -> &'a str {
-    let start = text.find(&format!("\n{from}\n")).unwrap_or_else(|| panic!("no heading {from}")) + 1;
+    let start = text
+        .find(&format!("\n{from}\n"))
+        .unwrap_or_else(|| panic!("no heading {from}"))
+        + 1;
     let level = from.chars().take_while(|&c| c == '#').count();
     let rest = &text[start + from.len()..];
     let end = rest
@@ -356,7 +376,10 @@ fn every_exported_metric_is_in_the_metrics_table() {
 #[test]
 fn the_http_chapter_lists_the_described_routes() {
     let page = chapter("reference/http-api.md");
-    assert!(page.contains("`GET /api/openapi.json`"), "the chapter points at the description");
+    assert!(
+        page.contains("`GET /api/openapi.json`"),
+        "the chapter points at the description"
+    );
     let listed = first_column_names(&page);
     let description = ladder::admin::openapi::description(&[]);
     let mut described = BTreeSet::new();
@@ -368,7 +391,10 @@ fn the_http_chapter_lists_the_described_routes() {
     assert!(described.len() >= 15, "{described:?}");
     let missing: Vec<_> = described.difference(&listed).collect();
     let stale: Vec<_> = listed.difference(&described).collect();
-    assert!(missing.is_empty(), "described but not in the HTTP API chapter: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "described but not in the HTTP API chapter: {missing:?}"
+    );
     assert!(stale.is_empty(), "in the HTTP API chapter but not described: {stale:?}");
 }
 
@@ -389,12 +415,7 @@ fn accepted_keys(main: &str, ladder: &str) -> Vec<String> {
         .1;
     // a nested table's error ends in "for key `amqp.tls`"
     let expected = expected.split(" for key ").next().unwrap();
-    let keys: Vec<String> = expected
-        .split('`')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_string)
-        .collect();
+    let keys: Vec<String> = expected.split('`').skip(1).step_by(2).map(str::to_string).collect();
     assert!(!keys.is_empty(), "{error}");
     keys
 }
@@ -404,9 +425,8 @@ fn accepted_keys(main: &str, ladder: &str) -> Vec<String> {
 #[test]
 fn the_configuration_chapter_names_every_key_and_no_other() {
     const LADDER: &str = "backoff = [\"1s\"]\nallow = [\"^orders$\"]\n";
-    let prefixed = |prefix: &str, keys: Vec<String>| -> Vec<String> {
-        keys.into_iter().map(|k| format!("{prefix}{k}")).collect()
-    };
+    let prefixed =
+        |prefix: &str, keys: Vec<String>| -> Vec<String> { keys.into_iter().map(|k| format!("{prefix}{k}")).collect() };
     let mut accepted = BTreeSet::new();
     for key in accepted_keys("zz_unknown = 1\n", LADDER) {
         if key != "amqp" && key != "admin" {
@@ -418,7 +438,10 @@ fn the_configuration_chapter_names_every_key_and_no_other() {
             accepted.insert(key);
         }
     }
-    accepted.extend(prefixed("amqp.tls.", accepted_keys("[amqp.tls]\nzz_unknown = 1\n", LADDER)));
+    accepted.extend(prefixed(
+        "amqp.tls.",
+        accepted_keys("[amqp.tls]\nzz_unknown = 1\n", LADDER),
+    ));
     accepted.extend(prefixed("admin.", accepted_keys("[admin]\nzz_unknown = 1\n", LADDER)));
     let mut ladder_keys = BTreeSet::new();
     for key in accepted_keys("", &format!("zz_unknown = 1\n{LADDER}")) {
@@ -430,7 +453,10 @@ fn the_configuration_chapter_names_every_key_and_no_other() {
         "auto_hold.",
         accepted_keys("", &format!("{LADDER}[auto_hold]\nzz_unknown = 1\n")),
     ));
-    assert!(accepted.len() >= 20 && ladder_keys.len() >= 15, "{accepted:?} {ladder_keys:?}");
+    assert!(
+        accepted.len() >= 20 && ladder_keys.len() >= 15,
+        "{accepted:?} {ladder_keys:?}"
+    );
 
     let page = chapter("reference/configuration.md");
     for (heading, accepted) in [
@@ -454,9 +480,15 @@ fn the_protocol_chapter_specifies_every_header_and_reason() {
     let rows = first_column_names(&page);
     for name in header::ALL {
         if name.starts_with("x-") {
-            assert!(page.contains(&format!("`{name}`")), "the protocol chapter names no {name}");
+            assert!(
+                page.contains(&format!("`{name}`")),
+                "the protocol chapter names no {name}"
+            );
         } else {
-            assert!(rows.contains(*name), "the protocol chapter has no row for the header {name}");
+            assert!(
+                rows.contains(*name),
+                "the protocol chapter has no row for the header {name}"
+            );
         }
     }
     let reasons: BTreeSet<String> = ParkReason::ALL.iter().map(|r| r.to_string()).collect();
@@ -535,7 +567,10 @@ fn documented_commands() -> (Vec<(String, Vec<String>)>, Vec<(String, String)>) 
                     if first == "ladder" {
                         ladder.push((name.clone(), words[1..].to_vec()));
                     } else if first == "cargo" && words.get(1).is_some_and(|w| w == "run") {
-                        let args = words.iter().position(|w| w == "--").map_or(vec![], |i| words[i + 1..].to_vec());
+                        let args = words
+                            .iter()
+                            .position(|w| w == "--")
+                            .map_or(vec![], |i| words[i + 1..].to_vec());
                         ladder.push((name.clone(), args));
                     } else if first.starts_with("scripts/") {
                         scripts.push((name.clone(), first));
@@ -572,7 +607,10 @@ fn every_documented_command_parses() {
             failed.push(format!(
                 "{file}: ladder {}: {}",
                 args.join(" "),
-                String::from_utf8_lossy(&output.stderr).lines().next().unwrap_or_default()
+                String::from_utf8_lossy(&output.stderr)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
             ));
         }
     }
@@ -587,7 +625,10 @@ fn every_documented_command_parses() {
 /// The command reference has a row for every subcommand the binary has.
 #[test]
 fn the_command_reference_lists_every_subcommand() {
-    let output = Command::new(env!("CARGO_BIN_EXE_ladder")).arg("--help").output().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ladder"))
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
     let subcommands: Vec<&str> = help
@@ -605,7 +646,8 @@ fn the_command_reference_lists_every_subcommand() {
     let rows: Vec<String> = first_column_names(&chapter("reference/cli.md")).into_iter().collect();
     for sub in subcommands {
         assert!(
-            rows.iter().any(|r| r == &format!("ladder {sub}") || r.starts_with(&format!("ladder {sub} "))),
+            rows.iter()
+                .any(|r| r == &format!("ladder {sub}") || r.starts_with(&format!("ladder {sub} "))),
             "the command reference has no row for `ladder {sub}`"
         );
     }
@@ -662,7 +704,10 @@ fn troubleshooting_quotes_messages_the_code_has() {
     }
     let mut code = String::new();
     sources(&root().join("src"), &mut code);
-    let page = chapter("troubleshooting.md").split_whitespace().collect::<Vec<_>>().join(" ");
+    let page = chapter("troubleshooting.md")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut quoted = 0;
     let mut missing = vec![];
     for quote in page.split("**`").skip(1) {

@@ -848,8 +848,8 @@ fn snippets(name: &str, text: &str) -> Vec<Snippet> {
             .and_then(|m| m.strip_suffix(" -->"));
         match (info.trim(), marker) {
             (_, Some(marker)) => {
-                let (lang, region) = excerpt_of(marker)
-                    .unwrap_or_else(|| panic!("{name} line {}: no example region {marker}", i));
+                let (lang, region) =
+                    excerpt_of(marker).unwrap_or_else(|| panic!("{name} line {}: no example region {marker}", i));
                 out.push(Snippet {
                     lang,
                     region,
@@ -876,7 +876,11 @@ fn doc_snippets_are_excerpts_of_the_examples() {
     let mut quoted = vec![];
     let mut differ = vec![];
     for path in quoting_files() {
-        let name = path.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap().display().to_string();
+        let name = path
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap()
+            .display()
+            .to_string();
         let text = std::fs::read_to_string(&path).unwrap();
         let found = snippets(&name, &text);
         let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
