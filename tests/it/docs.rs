@@ -540,9 +540,12 @@ fn shell_commands(line: &str) -> Vec<Vec<String>> {
     commands
 }
 
+/// Where a command is shown (a file under the repository) and what it is.
+type Shown<T> = Vec<(String, T)>;
+
 /// The `ladder` invocations and `scripts/…` commands in the shell blocks (and the `$ ` lines of
 /// transcripts) of the book and README.
-fn documented_commands() -> (Vec<(String, Vec<String>)>, Vec<(String, String)>) {
+fn documented_commands() -> (Shown<Vec<String>>, Shown<String>) {
     let (mut ladder, mut scripts) = (vec![], vec![]);
     let mut files = book_pages();
     files.push(root().join("README.md"));
