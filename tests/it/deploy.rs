@@ -145,7 +145,7 @@ fn the_dashboard_and_the_rules_parse_and_cover_what_operators_need() {
     for (name, rule) in &alerts {
         assert_eq!(
             rule["annotations"]["runbook"].as_str(),
-            Some(format!("README.md#runbook-{}", name.to_lowercase()).as_str()),
+            Some(format!("docs/src/operations/runbooks.md#runbook-{}", name.to_lowercase()).as_str()),
             "{name}: runbook annotation"
         );
         assert!(rule["annotations"]["summary"].as_str().is_some(), "{name}: summary");

@@ -2,12 +2,13 @@
 //! Java (amqp-client) — each in both modes (explicit `retry-to`, and reject with the queue
 //! dead-lettering into the ladder), against the real `ladder run` binary: the example fails every
 //! message, sees it again after each tier, and the ladder parks it after `max_attempts`. And the
-//! README's consumer snippets are excerpts of these files, kept identical.
+//! consumer snippets of the book (`docs/src/`) and README are excerpts of these files, kept
+//! identical.
 //!
 //! The scheduled-delivery examples (`schedule.py`, `schedule.js`, `go-schedule`), the migration
 //! from the delayed-message plugin: each publishes three messages with `x-delay` to a ladder with
 //! `exact_delays = true` and reports how long each took to come back; every one must come once,
-//! never early and not much late. The README quotes them too.
+//! never early and not much late. The book quotes them too.
 //!
 //! A language whose interpreter or compiler is absent is skipped with a message; one that is
 //! present but lacks its AMQP client fails, naming the command that installs it (`scripts/test-env`
@@ -92,7 +93,7 @@ enum Program {
     Schedule,
 }
 
-/// A region of an example that the README quotes, between `<comment> README:<region>:start`
+/// A region of an example that the docs quote, between `<comment> README:<region>:start`
 /// and `…:end`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Region {
@@ -782,7 +783,27 @@ fn region(lang: Lang, region: Region) -> Vec<String> {
     out
 }
 
-/// A fenced code block of a README section made of excerpts of the examples.
+/// Every Markdown file that quotes the examples: README and the pages of the book.
+fn quoting_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = vec![root.join("README.md")];
+    walk(&root.join("docs/src"), &mut out);
+    out.sort();
+    out
+}
+
+/// A fenced code block quoting an example: `<!-- excerpt: examples/<file>#<region> -->` on the
+/// line before its fence.
 struct Snippet {
     lang: Lang,
     region: Region,
@@ -790,148 +811,130 @@ struct Snippet {
     lines: (usize, usize),
 }
 
-/// A README section whose code blocks are excerpts of the examples.
-struct Section {
-    heading: &'static str,
-    /// The region quoted by the blocks under a `###` heading (`None`: before the first), if any.
-    region_under: fn(Option<&str>) -> Option<Region>,
-    /// The regions the section must quote, in each of [`QUOTED`].
-    regions: &'static [Region],
+/// The language and region an excerpt marker names.
+fn excerpt_of(marker: &str) -> Option<(Lang, Region)> {
+    let (file, region) = marker.split_once('#')?;
+    let region = match region {
+        "explicit" => Region::Consumer(Mode::Explicit),
+        "dead-letter" => Region::Consumer(Mode::DeadLetter),
+        "schedule" => Region::Schedule,
+        _ => return None,
+    };
+    let path = examples_dir().join(file.strip_prefix("examples/")?);
+    [Lang::Python, Lang::Node, Lang::Go, Lang::Java]
+        .into_iter()
+        .filter(|&lang| lang != Lang::Java || region != Region::Schedule)
+        .find(|lang| path == lang.source(region.program()).0)
+        .map(|lang| (lang, region))
 }
 
-/// The languages every section quotes (Java only under Consumer snippets).
-const QUOTED: [Lang; 3] = [Lang::Python, Lang::Node, Lang::Go];
-
-const SECTIONS: [Section; 2] = [
-    Section {
-        heading: "## Delayed delivery (moving from the delayed-message plugin)",
-        region_under: |_| Some(Region::Schedule),
-        regions: &[Region::Schedule],
-    },
-    Section {
-        heading: "## Consumer snippets",
-        region_under: |heading| match heading {
-            Some(h) if h.starts_with("Explicit mode") => Some(Region::Consumer(Mode::Explicit)),
-            Some(h) if h.starts_with("Dead-letter mode") => Some(Region::Consumer(Mode::DeadLetter)),
-            _ => None,
-        },
-        regions: &[Region::Consumer(Mode::Explicit), Region::Consumer(Mode::DeadLetter)],
-    },
-];
-
-/// Every fenced block of `section`, with the language of its fence and the region of the `###`
-/// heading it is under.
-fn readme_snippets(readme: &str, section: &Section) -> Vec<Snippet> {
-    let lines: Vec<&str> = readme.lines().collect();
-    let start = lines
-        .iter()
-        .position(|l| l.trim_end() == section.heading)
-        .unwrap_or_else(|| panic!("README.md has a `{}` section", section.heading));
-    let (mut region, mut open, mut out) = ((section.region_under)(None), None, vec![]);
-    for (i, line) in lines.iter().enumerate().skip(start + 1) {
-        if let Some((lang, from)) = open {
-            if line.trim_end() == "```" {
-                let region = region.unwrap_or_else(|| panic!("README.md line {}: a snippet under no mode", from));
+/// The excerpts in `text` (of `name`). A code block in a language of the examples must be one:
+/// every consumer snippet in the docs is checked.
+fn snippets(name: &str, text: &str) -> Vec<Snippet> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = vec![];
+    let mut i = 0;
+    while i < lines.len() {
+        let Some(info) = lines[i].strip_prefix("```") else {
+            i += 1;
+            continue;
+        };
+        let end = (i + 1..lines.len())
+            .find(|&j| lines[j].trim_end() == "```")
+            .unwrap_or_else(|| panic!("{name} line {}: an unclosed code block", i + 1));
+        let marker = i
+            .checked_sub(1)
+            .and_then(|m| lines[m].trim().strip_prefix("<!-- excerpt: "))
+            .and_then(|m| m.strip_suffix(" -->"));
+        match (info.trim(), marker) {
+            (_, Some(marker)) => {
+                let (lang, region) =
+                    excerpt_of(marker).unwrap_or_else(|| panic!("{name} line {}: no example region {marker}", i));
                 out.push(Snippet {
                     lang,
                     region,
-                    lines: (from, i),
+                    lines: (i + 1, end),
                 });
-                open = None;
             }
-            continue;
+            ("python" | "js" | "javascript" | "go" | "java", None) => panic!(
+                "{name} line {}: a {} block that is no excerpt of examples/ (mark it `<!-- excerpt: examples/FILE#REGION -->`)",
+                i + 1,
+                info.trim()
+            ),
+            _ => {}
         }
-        if line.starts_with("## ") {
-            break;
-        } else if let Some(heading) = line.strip_prefix("### ") {
-            region = (section.region_under)(Some(heading));
-        } else if let Some(info) = line.strip_prefix("```") {
-            let lang = match info.trim() {
-                "python" => Lang::Python,
-                "js" | "javascript" => Lang::Node,
-                "go" => Lang::Go,
-                "java" => Lang::Java,
-                other => panic!("README.md line {}: a `{other}` block under {}", i + 1, section.heading),
-            };
-            open = Some((lang, i + 1));
-        }
+        i = end + 1;
     }
-    assert!(
-        open.is_none(),
-        "README.md: an unclosed code block under {}",
-        section.heading
-    );
     out
 }
 
-/// The README's consumer snippets and scheduled-delivery snippets are the marked regions of the
-/// examples, character for character. `LADDER_UPDATE_README_SNIPPETS=1` rewrites them from the
-/// examples instead.
+/// The snippets of README and the book are the marked regions of the examples, character for
+/// character, and the book quotes every region: both modes in four languages, the scheduled
+/// deliveries in three. `LADDER_UPDATE_SNIPPETS=1` rewrites them from the examples instead.
 #[test]
-fn readme_snippets_are_excerpts_of_the_examples() {
-    for lang in [Lang::Python, Lang::Node, Lang::Go, Lang::Java] {
-        for mode in [Mode::Explicit, Mode::DeadLetter] {
-            region(lang, Region::Consumer(mode));
-        }
-    }
-    for lang in QUOTED {
-        region(lang, Region::Schedule);
-    }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    let readme = std::fs::read_to_string(&path).unwrap();
-    let mut snippets = vec![];
-    for section in &SECTIONS {
-        let found = readme_snippets(&readme, section);
-        for lang in QUOTED {
-            for region in section.regions {
-                assert!(
-                    found.iter().any(|s| s.lang == lang && s.region == *region),
-                    "README.md has no {lang} snippet of the {region} region under {}",
-                    section.heading
-                );
+fn doc_snippets_are_excerpts_of_the_examples() {
+    let mut quoted = vec![];
+    let mut differ = vec![];
+    for path in quoting_files() {
+        let name = path
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap()
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let found = snippets(&name, &text);
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let mut changed = false;
+        // from the last, so that replacing a block keeps the line numbers of those before it
+        for s in found.iter().rev() {
+            quoted.push((s.lang, s.region, name.starts_with("docs/")));
+            let want = region(s.lang, s.region);
+            let have = &lines[s.lines.0..s.lines.1];
+            if have != want.as_slice() {
+                let first = have
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(have.len().min(want.len()));
+                differ.push(format!(
+                    "{name} line {}: the {} {} snippet differs from its example at snippet line {}:\n  doc:     {:?}\n  example: {:?}",
+                    s.lines.0 + 1,
+                    s.lang,
+                    s.region,
+                    first + 1,
+                    have.get(first),
+                    want.get(first)
+                ));
+                lines.splice(s.lines.0..s.lines.1, want);
+                changed = true;
             }
         }
-        snippets.extend(found);
-    }
-    snippets.sort_by_key(|s| s.lines.0);
-    let mut lines: Vec<String> = readme.lines().map(str::to_string).collect();
-    let mut differ = vec![];
-    // from the last, so that replacing a block keeps the line numbers of those before it
-    for s in snippets.iter().rev() {
-        let want = region(s.lang, s.region);
-        let have = &lines[s.lines.0..s.lines.1];
-        if have != want.as_slice() {
-            let first = have
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(have.len().min(want.len()));
-            differ.push(format!(
-                "README.md line {}: the {} {} snippet differs from its example at snippet line {}:\n  README:  {:?}\n  example: {:?}",
-                s.lines.0 + 1,
-                s.lang,
-                s.region,
-                first + 1,
-                have.get(first),
-                want.get(first)
-            ));
-            lines.splice(s.lines.0..s.lines.1, want);
+        if changed && std::env::var("LADDER_UPDATE_SNIPPETS").as_deref() == Ok("1") {
+            let mut updated = lines.join("\n");
+            if text.ends_with('\n') {
+                updated.push('\n');
+            }
+            std::fs::write(&path, updated).unwrap();
+            eprintln!("rewrote the snippets of {name} from examples/");
         }
     }
-    if differ.is_empty() {
-        return;
-    }
-    if std::env::var("LADDER_UPDATE_README_SNIPPETS").as_deref() == Ok("1") {
-        let mut updated = lines.join("\n");
-        if readme.ends_with('\n') {
-            updated.push('\n');
+    for lang in [Lang::Python, Lang::Node, Lang::Go, Lang::Java] {
+        let mut regions = vec![Region::Consumer(Mode::Explicit), Region::Consumer(Mode::DeadLetter)];
+        if lang != Lang::Java {
+            regions.push(Region::Schedule);
         }
-        std::fs::write(&path, updated).unwrap();
-        eprintln!("rewrote {} snippet(s) of README.md from examples/", differ.len());
+        for region in regions {
+            assert!(
+                quoted.iter().any(|&(l, r, book)| l == lang && r == region && book),
+                "the book quotes no {lang} {region} snippet"
+            );
+        }
+    }
+    if differ.is_empty() || std::env::var("LADDER_UPDATE_SNIPPETS").as_deref() == Ok("1") {
         return;
     }
     panic!(
-        "{}\n(edit the example, then LADDER_UPDATE_README_SNIPPETS=1 cargo test --test it examples::readme)",
+        "{}\n(edit the example, then LADDER_UPDATE_SNIPPETS=1 cargo test -p ladder --test it examples::doc_snippets)",
         differ.join("\n")
     );
 }
