@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use ladder_amqp::{Channel, Confirmation, Connection, Consumer, Delivery, FieldTable, FieldValue, QueueOptions};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::broker::cancels::{CancelError, append, bounded};
 use crate::broker::relay::{self, LadderRuntime};
@@ -30,7 +30,8 @@ use crate::broker::topology;
 use crate::clock::now_ms;
 use crate::model::backoff::Backoff;
 use crate::model::holds::{
-    AUTO, BreakerAction, HOLD_FORMAT, HoldAction, HoldRecord, HoldState, Holds, ProbeStep, SharedHolds,
+    AUTO, BreakerAction, CHECKPOINT_EVERY_BYTES, CHECKPOINT_FORMAT, Catchup, Checkpoint, Fold, HOLD_FORMAT, HoldAction,
+    HoldRecord, HoldState, Holds, ProbeStep, SharedHolds,
 };
 use crate::model::ladder::LadderSpec;
 use crate::model::lot::pace::{Pacer, Rate};
@@ -243,7 +244,14 @@ pub async fn snapshot(connection: &Connection, names: &Names, spec: &LadderSpec)
 }
 
 /// Follows `names.holds` into `holds` from its first record until `stop`, caught up once it read
-/// its own marker. With `metrics`, transitions read after catching up are logged and counted.
+/// its own marker. With `metrics` (the service's follower), transitions read after catching up
+/// are logged and counted, and checkpoints are appended (see [`Checkpoint`]).
+///
+/// Retention may have removed the stream's oldest records: a follower whose first record is not
+/// at offset 0 keeps what it reads until a checkpoint that covers the cut, then takes the
+/// checkpoint's state and applies the kept records after it ([`Catchup`]) — the state of a
+/// follower that read everything. Every held queue of a restored state is declared before it
+/// is applied, as for a `held` record.
 pub async fn follow(
     connection: &Connection,
     names: &Names,
@@ -272,6 +280,14 @@ pub async fn follow(
         channel.basic_consume(&names.holds, "", false, args),
     )
     .await?;
+    let mut catchup = Catchup::default();
+    // the state is the fold of the whole stream (not a cut read past without a checkpoint), so
+    // this follower may write checkpoints of it
+    let mut exact = true;
+    let mut since_checkpoint: u64 = 0;
+    // drawn once: replicas reach their thresholds at different times, and the first checkpoint
+    // in the stream resets every follower's count
+    let threshold = CHECKPOINT_EVERY_BYTES + fastrand::u64(0..=CHECKPOINT_EVERY_BYTES / 2);
     loop {
         let delivery = tokio::select! {
             () = stop.cancelled() => break,
@@ -280,56 +296,160 @@ pub async fn follow(
                 None => return Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
             },
         };
-        match delivery.properties.kind.as_ref().and_then(|k| k.to_str()) {
+        let Some(offset) = delivery
+            .properties
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("x-stream-offset"))
+            .and_then(protocol::as_u64)
+        else {
+            warn!(ladder = %spec.name, "a hold stream delivery without x-stream-offset; skipped");
+            channel.basic_ack(delivery.delivery_tag, false)?;
+            continue;
+        };
+        since_checkpoint = since_checkpoint.saturating_add(delivery.body.len() as u64);
+        let fold = match delivery.properties.kind.as_ref().and_then(|k| k.to_str()) {
             Some(HOLD_FORMAT) => match HoldRecord::from_slice(&delivery.body) {
-                Some(record) => {
-                    if record.action == HoldAction::Held {
-                        // before any due hop may route into it
-                        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-                        while let Err(e) = declare_held_queue(connection, names, spec, &record.destination).await {
-                            warn!(ladder = %spec.name, destination = %record.destination, error = %e, "cannot declare a held queue; trying again");
-                            tokio::select! {
-                                () = tokio::time::sleep(backoff.next_wait()) => {}
-                                () = stop.cancelled() => return Ok(()),
-                            }
-                        }
-                    }
-                    let changed = holds.apply(&record, spec.release_rate);
-                    if changed && let Some(notify) = changed_notify {
-                        notify.notify_one();
-                    }
-                    if let Some(metrics) = metrics {
-                        metrics.held.set(holds.snapshot().held_count() as i64);
-                        if changed && holds.caught_up() {
-                            let kind = match (record.action, record.by == AUTO) {
-                                (HoldAction::Held, true) => "auto_held",
-                                (HoldAction::Resumed, true) => "auto_resumed",
-                                (action, _) => action.code(),
-                            };
-                            metrics.transition(kind);
-                            info!(ladder = %spec.name, destination = %record.destination, transition = kind,
-                                  by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
-                        }
+                Some(record) => catchup.record(offset, record),
+                None => {
+                    debug!("an unreadable hold record; skipped");
+                    catchup.other(offset);
+                    Fold::Apply(Vec::new())
+                }
+            },
+            Some(CHECKPOINT_FORMAT) => {
+                since_checkpoint = 0;
+                match Checkpoint::from_slice(&delivery.body) {
+                    Some(checkpoint) => catchup.checkpoint(offset, &checkpoint, spec.release_rate),
+                    None => {
+                        catchup.other(offset);
+                        Fold::Apply(Vec::new())
                     }
                 }
-                None => debug!("an unreadable hold record; skipped"),
-            },
+            }
             Some(FOLLOW_MARKER_FORMAT) => {
+                catchup.other(offset);
                 let ours = serde_json::from_slice::<serde_json::Value>(&delivery.body)
                     .ok()
                     .is_some_and(|v| v["id"] == marker_id.as_str());
+                if ours && catchup.uncovered() {
+                    // only a retention below what a checkpoint spans can do this
+                    error!(ladder = %spec.name, stream = %names.holds,
+                           "the hold stream was cut by its retention and holds no checkpoint that covers the cut; \
+                            holds recorded before the cut are lost (hold them again)");
+                    exact = false;
+                    let kept = catchup.give_up();
+                    if !apply_records(connection, names, spec, holds, metrics, changed_notify, &kept, stop).await {
+                        return Ok(());
+                    }
+                }
                 if ours && !holds.caught_up() {
                     debug!(held = holds.snapshot().held_count(), "holds caught up");
                     holds.set_caught_up(true);
                 }
+                Fold::Apply(Vec::new())
             }
-            _ => {}
+            _ => {
+                catchup.other(offset);
+                Fold::Apply(Vec::new())
+            }
+        };
+        let applied = match fold {
+            Fold::Apply(records) => {
+                apply_records(connection, names, spec, holds, metrics, changed_notify, &records, stop).await
+            }
+            Fold::Restore(state, records) => {
+                for h in state.all().filter(|h| h.holds_back()) {
+                    if !declare_until_done(connection, names, spec, &h.destination, stop).await {
+                        return Ok(());
+                    }
+                }
+                debug!(ladder = %spec.name, held = state.held_count(), "hold state restored from a checkpoint");
+                holds.restore(state);
+                if let Some(notify) = changed_notify {
+                    notify.notify_one();
+                }
+                apply_records(connection, names, spec, holds, metrics, changed_notify, &records, stop).await
+            }
+        };
+        if !applied {
+            return Ok(());
         }
         channel.basic_ack(delivery.delivery_tag, false)?;
+        if metrics.is_some() && exact && holds.caught_up() && since_checkpoint >= threshold {
+            let checkpoint = holds.snapshot().checkpoint(offset, now_ms());
+            match append(connection, &names.holds, CHECKPOINT_FORMAT, &checkpoint.to_json()).await {
+                Ok(()) => debug!(ladder = %spec.name, upto = offset, "hold state checkpointed"),
+                // the next record tries again; retention is far off
+                Err(e) => warn!(ladder = %spec.name, error = %e, "cannot append a hold checkpoint"),
+            }
+            // counted again from here; this checkpoint, read back, resets it too
+            since_checkpoint = 0;
+        }
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "stopped")).await;
     Ok(())
+}
+
+/// Declares the held queue of `destination`, trying again with backoff; `false` if `stop` came
+/// first.
+async fn declare_until_done(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    destination: &str,
+    stop: &CancellationToken,
+) -> bool {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    while let Err(e) = declare_held_queue(connection, names, spec, destination).await {
+        warn!(ladder = %spec.name, destination, error = %e, "cannot declare a held queue; trying again");
+        tokio::select! {
+            () = tokio::time::sleep(backoff.next_wait()) => {}
+            () = stop.cancelled() => return false,
+        }
+    }
+    true
+}
+
+/// Applies hold records in order, each `held` one after its held queue is declared (before any
+/// due hop may route into it); `false` if `stop` came first.
+#[allow(clippy::too_many_arguments)]
+async fn apply_records(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    holds: &SharedHolds,
+    metrics: Option<&crate::metrics::HoldMetrics>,
+    changed_notify: Option<&tokio::sync::Notify>,
+    records: &[HoldRecord],
+    stop: &CancellationToken,
+) -> bool {
+    for record in records {
+        if record.action == HoldAction::Held
+            && !declare_until_done(connection, names, spec, &record.destination, stop).await
+        {
+            return false;
+        }
+        let changed = holds.apply(record, spec.release_rate);
+        if changed && let Some(notify) = changed_notify {
+            notify.notify_one();
+        }
+        if let Some(metrics) = metrics {
+            metrics.held.set(holds.snapshot().held_count() as i64);
+            if changed && holds.caught_up() {
+                let kind = match (record.action, record.by == AUTO) {
+                    (HoldAction::Held, true) => "auto_held",
+                    (HoldAction::Resumed, true) => "auto_resumed",
+                    (action, _) => action.code(),
+                };
+                metrics.transition(kind);
+                info!(ladder = %spec.name, destination = %record.destination, transition = kind,
+                      by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
+            }
+        }
+    }
+    true
 }
 
 /// What a drain was started for.

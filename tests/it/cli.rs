@@ -196,7 +196,10 @@ fn contract(ns: &str) -> Vec<String> {
         ),
         format!("binding  {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
         format!("queue    {n}.parked durable x-queue-type=stream"),
-        format!("queue    {n}.holds durable x-queue-type=stream"),
+        format!(
+            "queue    {n}.holds durable x-queue-type=stream x-max-length-bytes=8388608 \
+             x-stream-max-segment-size-bytes=1048576"
+        ),
     ]
 }
 

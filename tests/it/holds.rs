@@ -808,3 +808,104 @@ async fn the_destinations_page_counts_the_messages_waiting_for_each_destination(
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
     admin.stop().await;
 }
+
+/// The offset of the first record of `stream` still there, and of its first hold record of
+/// `destination` (if retention left one).
+async fn first_offsets(t: &TestLadder, stream: &str, destination: &str) -> (u64, Option<u64>) {
+    let channel = t.client.create_channel().await.unwrap();
+    channel.basic_qos(100).await.unwrap();
+    let mut args = FieldTable::default();
+    args.set("x-stream-offset", ladder_amqp::FieldValue::string("first"));
+    let mut consumer = channel.basic_consume(stream, "", false, args).await.unwrap();
+    let offset_of = |d: &ladder_amqp::Delivery| {
+        d.properties
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("x-stream-offset"))
+            .and_then(ladder::model::protocol::as_u64)
+            .expect("a stream offset")
+    };
+    let first = tokio::time::timeout(WAIT, consumer.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (first_offset, mut hold) = (offset_of(&first), None);
+    let mut delivery = Some(first);
+    // the records up to a quiet moment: the stream's tail
+    while let Some(d) = delivery {
+        let record = ladder::model::holds::HoldRecord::from_slice(&d.body);
+        if hold.is_none() && record.is_some_and(|r| r.destination == destination) {
+            hold = Some(offset_of(&d));
+        }
+        channel.basic_ack(d.delivery_tag, false).unwrap();
+        delivery = match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
+            Ok(Some(Ok(d))) => Some(d),
+            _ => None,
+        };
+    }
+    let _ = channel.close(200, "read").await;
+    (first_offset, hold)
+}
+
+/// Retention removes the hold stream's oldest segments (past `HOLDS_MAX_BYTES`): a hold recorded
+/// before the cut still holds on a replica that starts after it, because the followers'
+/// checkpoints carry it, and it resumes as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_older_than_the_hold_streams_retention_still_holds_on_a_new_replica() {
+    let mut t = TestLadder::configure_with("hold-retention", "", LADDER).await;
+    t.start_service().await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "before the cut")
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+    let stream = names(&t).holds;
+    let (_, hold) = first_offsets(&t, &stream, &orders).await;
+    let hold = hold.expect("the hold record");
+
+    // more than the retention, in records the followers skip (a MiB each), so the segment that
+    // holds the hold record is removed
+    let filler = vec![b'x'; 1024 * 1024];
+    let mib = ladder::model::plan::HOLDS_MAX_BYTES as usize / filler.len();
+    for _ in 0..mib + 4 {
+        let props = BasicProperties::default().with_type("lt.filler").with_delivery_mode(2);
+        t.publish("", &stream, &filler, props).await;
+    }
+    let (first, again) = first_offsets(&t, &stream, &orders).await;
+    assert!(
+        first > hold,
+        "retention cut the stream past the hold record ({first} > {hold})"
+    );
+    assert_eq!(again, None, "no hold record of orders is left");
+
+    // a replica that starts now reads the stream from its cut, and holds
+    let replica = Replica::start(&t).await;
+    held_in(&replica.2, &orders, true).await;
+    let holds = ladder::broker::holds::snapshot(&t.client, &names(&t), &spec)
+        .await
+        .unwrap();
+    let h = holds.get(&orders).expect("the hold is known");
+    assert_eq!((h.state, h.why.as_str()), (HoldState::Held, "before the cut"));
+    // and what comes due for orders waits, on either replica
+    let mut orders_in = t.consume(&orders).await;
+    for i in 0..6 {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("r{i}")))
+            .await;
+    }
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(),
+        "held after the cut"
+    );
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None)
+        .await
+        .unwrap();
+    let got = receive(&mut orders_in, 6).await;
+    let ids: HashSet<String> = got.iter().map(|d| message_id(d).to_string()).collect();
+    assert_eq!(ids.len(), 6, "all released once");
+    held_in(&replica.2, &orders, false).await;
+    held_in(&t.state, &orders, false).await;
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
