@@ -400,6 +400,8 @@ impl Broker {
                         }
                         Some(u64::from(messages))
                     }
+                    // a held queue is deleted once its release ended: no loss, nothing to say
+                    None if role == "held" => Some(0),
                     None => {
                         if !declared {
                             debug!(queue = %queue, "queue not found (not declared yet)");

@@ -57,10 +57,6 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 /// release).
 const IDLE_CHECK: Duration = Duration::from_millis(500);
 
-/// A drain of a free destination (stragglers a lagging replica put in after the release ended,
-/// or that a crash left) stops after its queue was empty for this long.
-const STRAGGLER_GRACE: Duration = Duration::from_secs(60);
-
 /// How often the prober of an automatic hold looks whether its probe is due.
 const PROBE_TICK: Duration = Duration::from_millis(100);
 
@@ -426,12 +422,21 @@ async fn apply_records(
     stop: &CancellationToken,
 ) -> bool {
     for record in records {
-        if record.action == HoldAction::Held
-            && !declare_until_done(connection, names, spec, &record.destination, stop).await
-        {
-            return false;
-        }
-        let changed = holds.apply(record, spec.release_rate);
+        let changed = loop {
+            if record.action == HoldAction::Held
+                && !declare_until_done(connection, names, spec, &record.destination, stop).await
+            {
+                return false;
+            }
+            match holds.apply_unless_deleting(record, spec.release_rate) {
+                Some(changed) => break changed,
+                // this process is deleting its held queue: declare it again once it is done
+                None => tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    () = stop.cancelled() => return false,
+                },
+            }
+        };
         if changed && let Some(notify) = changed_notify {
             notify.notify_one();
         }
@@ -457,7 +462,9 @@ async fn apply_records(
 enum DrainKind {
     /// Release the whole queue at `rate`; `since_ms`: the resume it belongs to.
     Release { rate: Rate, since_ms: u64 },
-    /// A free destination: release stragglers, stop when idle for [`STRAGGLER_GRACE`].
+    /// A free destination: release stragglers (a lagging replica put them in after the release
+    /// ended, or a crash left them); when idle for the ladder's `held_queue_grace`, stop and
+    /// delete the held queue ([`delete_held_queue`]).
     Stragglers,
     /// An automatic hold: wait on its held queue; as the single active consumer, send its
     /// probes.
@@ -759,6 +766,17 @@ async fn drain(
     stop: &CancellationToken,
 ) -> Result<(), HoldError> {
     let Some((channel, mut consumer)) = consume_held(connection, ladder, destination).await? else {
+        // no held queue (deleted by hand): nothing to release, and the due hops, whose publishes
+        // into it come back and wait in a tier, deliver again once the release ended
+        if let DrainKind::Release { since_ms, .. } = kind {
+            let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "no held queue", now_ms());
+            record.of = Some(since_ms);
+            append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await?;
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
         return Ok(());
     };
     let mut pacer = match kind {
@@ -766,6 +784,7 @@ async fn drain(
         DrainKind::Stragglers | DrainKind::Probe => Pacer::new(ladder.spec.release_rate),
     };
     let mut idle_since = Instant::now();
+    let mut retire = false;
     let result = loop {
         let next = tokio::select! {
             () = stop.cancelled() => break Ok(()),
@@ -796,7 +815,10 @@ async fn drain(
                             }
                         }
                     }
-                    DrainKind::Stragglers if idle_since.elapsed() >= STRAGGLER_GRACE => break Ok(()),
+                    DrainKind::Stragglers if idle_since.elapsed() >= ladder.spec.held_queue_grace => {
+                        retire = true;
+                        break Ok(());
+                    }
                     _ => {}
                 }
                 continue;
@@ -825,7 +847,105 @@ async fn drain(
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "released")).await;
+    if retire && result.is_ok() {
+        return delete_held_queue(connection, ladder, destination).await;
+    }
     result
+}
+
+/// Deletes the held queue of a `destination` that is free and whose queue stayed empty for the
+/// ladder's `held_queue_grace` since its release ended, then records `deleted` (every replica
+/// forgets the destination). Only an empty queue without consumers is deleted, and nothing of
+/// this process routes into it meanwhile ([`SharedHolds::begin_delete`]). A classic queue is
+/// deleted `if-empty`, which the broker decides atomically, so a message a lagging replica
+/// routes in at that moment keeps it; a quorum queue refuses `if-empty` (and closes the
+/// connection for asking), so one is deleted only while this replica is the only consumer of
+/// `N.L.due` — no other replica can route into it — and otherwise kept, as before.
+async fn delete_held_queue(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+) -> Result<(), HoldError> {
+    let free_since = ladder
+        .holds
+        .snapshot()
+        .get(destination)
+        .filter(|h| h.state == HoldState::Free)
+        .map(|h| h.changed_at_ms);
+    let Some(free_since) = free_since else {
+        return Ok(());
+    };
+    if !ladder.holds.caught_up() || !ladder.holds.begin_delete(destination, free_since) {
+        return Ok(());
+    }
+    let deleted = delete_if_unused(connection, ladder, destination).await;
+    ladder.holds.end_delete(destination);
+    if !deleted? {
+        return Ok(());
+    }
+    info!(ladder = %ladder.spec.name, destination, "deleted the held queue of a released destination");
+    let mut record = HoldRecord::new(destination, HoldAction::Deleted, "release", "", now_ms());
+    record.of = Some(free_since);
+    append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await?;
+    Ok(())
+}
+
+/// See [`delete_held_queue`]: whether the queue was deleted.
+async fn delete_if_unused(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+) -> Result<bool, HoldError> {
+    let queue = ladder.names.held_queue(destination);
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    let inspect = |queue: String| {
+        let channel = channel.clone();
+        async move { tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_inspect(&queue)).await }
+    };
+    let deleted = 'delete: {
+        let held = match inspect(queue.clone()).await {
+            Ok(Ok(info)) => info,
+            // gone already (another replica deleted it and records it)
+            Ok(Err(e)) if e.reply_code() == Some(404) => break 'delete Ok(false),
+            Ok(Err(e)) => break 'delete Err(e.into()),
+            Err(_) => break 'delete Err(HoldError::Declare("the broker did not answer".into())),
+        };
+        if held.message_count > 0 || held.consumer_count > 0 {
+            // stragglers, or another replica's drain still running: it deletes it after its grace
+            break 'delete Ok(false);
+        }
+        let gone = match ladder.spec.queue_type {
+            crate::model::ladder::QueueType::Classic => {
+                tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_delete_if_empty(&queue)).await
+            }
+            crate::model::ladder::QueueType::Quorum => {
+                let due = match inspect(ladder.names.due.clone()).await {
+                    Ok(Ok(info)) => info.consumer_count,
+                    _ => break 'delete Ok(false),
+                };
+                if due != 1 {
+                    debug!(ladder = %ladder.spec.name, destination, due_consumers = due,
+                           "a quorum held queue is kept while other replicas run (quorum queues refuse if-empty)");
+                    break 'delete Ok(false);
+                }
+                tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_delete(&queue)).await
+            }
+        };
+        match gone {
+            Ok(Ok(0)) => Ok(true),
+            Ok(Ok(lost)) => {
+                // only a publisher outside Ladder can have put them there
+                error!(ladder = %ladder.spec.name, destination, lost, "a held queue deleted as empty held messages");
+                Ok(true)
+            }
+            // 406: not empty after all (classic)
+            Ok(Err(e)) if e.reply_code() == Some(406) => Ok(false),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(HoldError::Declare("the broker did not answer".into())),
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "retired")).await;
+    deleted
 }
 
 /// Ready messages in `queue`, if the broker says.

@@ -577,10 +577,14 @@ async fn settle(
                 return Ok(());
             }
             (Step::Park(_), Confirmation::Ack) => return Ok(()),
-            (
-                Step::Schedule(forward) | Step::Deliver(forward, _) | Step::Hold(forward),
-                Confirmation::Returned(returned),
-            ) => {
+            (Step::Hold(forward), Confirmation::Returned(_)) => {
+                // no held queue: deleted after its release ended and this replica has not read
+                // the end yet (or deleted by hand). Not parked: it waits in the shortest tier
+                // and is decided again, by then on the stream's word
+                debug!(ladder = %ladder.spec.name, destination = %forward.destination, "the held queue is gone; deferring");
+                Step::Defer(DeferReason::Busy)
+            }
+            (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
                 metrics.returned.inc();
                 Step::Park(protocol::no_route(
                     hop,

@@ -57,6 +57,9 @@ pub enum HoldAction {
     /// A replica's intake saw the probe named by `of` come back failed: the hold starts over,
     /// twice as long.
     ProbeFailed,
+    /// The held queue of a free destination was deleted (empty since the release that `of`
+    /// names ended — the `at_ms` of the `released` record): the destination is forgotten.
+    Deleted,
 }
 
 impl HoldAction {
@@ -68,6 +71,7 @@ impl HoldAction {
             HoldAction::Released => "released",
             HoldAction::Probed => "probed",
             HoldAction::ProbeFailed => "probe_failed",
+            HoldAction::Deleted => "deleted",
         }
     }
 }
@@ -348,14 +352,17 @@ impl Holds {
                     ..current.expect("matched Some").clone()
                 }
             }
-            // a resume of what is not held, or the end of another release: nothing to do
+            (HoldAction::Deleted, Some(HoldState::Free)) if record.of == current.map(|c| c.changed_at_ms) => {
+                self.by_destination.remove(&record.destination);
+                self.push_recent(record);
+                return true;
+            }
+            // a resume of what is not held, the end of another release, the deletion of a held
+            // queue that was used again: nothing to do
             _ => return false,
         };
         self.by_destination.insert(record.destination.clone(), next);
-        self.recent.push_back(record.clone());
-        if self.recent.len() > MAX_RECENT {
-            self.recent.pop_front();
-        }
+        self.push_recent(record);
         if self.by_destination.len() > MAX_HOLDS {
             let oldest_free = self
                 .by_destination
@@ -368,6 +375,13 @@ impl Holds {
             }
         }
         true
+    }
+
+    fn push_recent(&mut self, record: &HoldRecord) {
+        self.recent.push_back(record.clone());
+        if self.recent.len() > MAX_RECENT {
+            self.recent.pop_front();
+        }
     }
 
     /// The hold of `destination`, if it has one.
@@ -646,16 +660,57 @@ pub struct SharedHolds {
     inner: RwLock<Holds>,
     any_held: std::sync::atomic::AtomicBool,
     caught_up: std::sync::atomic::AtomicBool,
+    /// Destinations whose held queue this process is deleting: a `held` record for one waits
+    /// until the deletion ended (and its queue is declared again), so no due hop of this
+    /// process routes into a queue being deleted.
+    deleting: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl SharedHolds {
     /// Applies one record; whether it changed anything.
     pub fn apply(&self, record: &HoldRecord, default_rate: Rate) -> bool {
+        self.apply_unless_deleting(record, default_rate).unwrap_or(false)
+    }
+
+    /// Applies one record, unless it holds a destination whose held queue is being deleted
+    /// (`None`: declare the queue again once [`SharedHolds::end_delete`], then apply it).
+    pub fn apply_unless_deleting(&self, record: &HoldRecord, default_rate: Rate) -> Option<bool> {
         let mut holds = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        if record.action == HoldAction::Held
+            && self
+                .deleting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&record.destination)
+        {
+            return None;
+        }
         let changed = holds.apply(record, default_rate);
         self.any_held
             .store(!holds.none_held(), std::sync::atomic::Ordering::Release);
-        changed
+        Some(changed)
+    }
+
+    /// Starts deleting `destination`'s held queue, if it is free since `changed_at_ms` (nothing
+    /// applied since holds it again); whether it may.
+    pub fn begin_delete(&self, destination: &str, changed_at_ms: u64) -> bool {
+        let holds = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        let free = holds
+            .get(destination)
+            .is_some_and(|h| h.state == HoldState::Free && h.changed_at_ms == changed_at_ms);
+        free && self
+            .deleting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(destination.to_string())
+    }
+
+    /// The deletion [`SharedHolds::begin_delete`] started ended, whatever its outcome.
+    pub fn end_delete(&self, destination: &str) {
+        self.deleting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(destination);
     }
 
     /// Whether the due hop must put `destination`'s messages into its held queue (one atomic
