@@ -3,7 +3,8 @@
 //! [`SharedHolds`] every relay loop of the ladder checks, and the **releaser**, which drains
 //! the held queues of resumed destinations at their rate and sends the automatic hold's probes.
 //!
-//! Following reads the whole stream (a hold lasts until it is resumed, however long ago) and is
+//! Following reads the whole stream (a hold lasts until it is resumed, however long ago) — or,
+//! where retention cut it, the first checkpoint that covers the cut and what follows — and is
 //! caught up once it read a marker it appended itself; the supervisor starts no relay loop
 //! before. A hold is recorded only after the destination was checked (allowed, exists) and its
 //! held queue declared; every follower declares the held queue again before it applies the
@@ -13,7 +14,9 @@
 //! consumer at a time (`x-single-active-consumer`), so however many replicas drain it, one does,
 //! paced by a one-token bucket. What it takes it publishes as it was held (the due hop's
 //! delivery properties), mandatory and confirmed, then acks; a returned one is parked as
-//! `no-route`, like any delivery.
+//! `no-route`, like any delivery. Once a freed destination's held queue stayed empty for the
+//! ladder's `held_queue_grace`, the releaser deletes it (the one exception to "Ladder deletes
+//! nothing", ARCHITECTURE.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;
