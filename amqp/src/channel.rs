@@ -863,10 +863,21 @@ impl Channel {
 
     /// Deletes `queue`; returns how many messages it held.
     pub async fn queue_delete(&self, queue: &str) -> Result<u32> {
+        self.queue_delete_with(queue, false).await
+    }
+
+    /// Deletes `queue` only if it holds no message (`if-empty`; 406 closes the channel if it
+    /// does). Classic queues only: RabbitMQ (3.10 to 4.3 measured) refuses the flag on a quorum
+    /// queue with 540 NOT_IMPLEMENTED, which closes the whole connection.
+    pub async fn queue_delete_if_empty(&self, queue: &str) -> Result<u32> {
+        self.queue_delete_with(queue, true).await
+    }
+
+    async fn queue_delete_with(&self, queue: &str, if_empty: bool) -> Result<u32> {
         let method = Method::QueueDelete {
             queue: ShortString::try_from(queue)?,
             if_unused: false,
-            if_empty: false,
+            if_empty,
         };
         match self.call(method, None).await? {
             Method::QueueDeleteOk { message_count } => Ok(message_count),

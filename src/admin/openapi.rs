@@ -386,7 +386,7 @@ fn holds_paths() -> Value {
                                 "required": ["destination", "action", "by", "why", "at_ms"],
                                 "properties": {
                                     "destination": {"type": "string"},
-                                    "action": {"type": "string", "enum": ["held", "resumed", "released", "probed", "probe_failed"]},
+                                    "action": {"type": "string", "enum": ["held", "resumed", "released", "probed", "probe_failed", "deleted"]},
                                     "by": {"type": "string"},
                                     "why": {"type": "string"},
                                     "at_ms": count(),

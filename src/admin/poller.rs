@@ -6,8 +6,11 @@
 //! polls, and reads with passive `queue.declare`, which never creates or changes anything. It
 //! must not touch the relay's connection, consume, publish or declare: it is off the worker path,
 //! and a slow or unreachable broker only delays its own next poll. Every broker call is bounded
-//! by [`BROKER_CALL_TIMEOUT`]; a failed poll is logged (warn once, then debug) and retried at the
-//! next tick.
+//! by [`BROKER_CALL_TIMEOUT`]. A poll whose connection was lost while it read (a closed or broken
+//! connection mid-batch) connects again and reads everything again, within the poll interval
+//! (at most [`POLL_ATTEMPTS`] reads): one lost connection costs no poll, and the accounting sees
+//! one consistent read. A poll that still fails (the broker cannot be reached) is logged (warn
+//! once, then debug) and retried at the next tick.
 //!
 //! What the counts mean (measured on RabbitMQ 3.10.8): for quorum and classic queues,
 //! `message_count` is the number of *ready* messages — deliveries the service holds unacked are
@@ -45,6 +48,14 @@ use crate::model::names::Names;
 /// [`service::connect`]) may take. Generous against a loaded broker, yet well below the time
 /// an operator would notice stale depths; a call that takes longer drops the connection.
 pub const BROKER_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads one poll makes at most: the first, and the ones after a connection lost while reading
+/// (each on a new connection). A broker that drops the poller's connection again at once is
+/// not read harder than this; the next tick tries again.
+pub const POLL_ATTEMPTS: usize = 3;
+
+/// The pause before reading again after a lost connection.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// How long closing the poller's connection may take (at shutdown, or to replace a broken one).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -136,7 +147,7 @@ pub async fn run(
         }
         let snapshot = tokio::select! {
             () = shutdown.cancelled() => break,
-            snapshot = poll(&amqp, &mut broker, &state, &mut ladders, previous.as_deref()) => Arc::new(snapshot),
+            snapshot = poll(&amqp, &mut broker, &state, &mut ladders, previous.as_deref(), config.admin.poll_interval) => Arc::new(snapshot),
         };
         previous = Some(snapshot.clone());
         history.lock().unwrap_or_else(PoisonError::into_inner).record(&snapshot);
@@ -146,51 +157,37 @@ pub async fn run(
     debug!("depth poller stopped");
 }
 
-/// One poll of every ladder.
+/// One poll of every ladder: the counters before, every queue read, the counters after. A read
+/// that lost its connection is made again, whole, on a new one, while `within` allows.
 async fn poll(
     amqp: &AmqpConfig,
     broker: &mut Broker,
     state: &State,
     ladders: &mut [Tracked],
     previous: Option<&Snapshot>,
+    within: Duration,
 ) -> Snapshot {
-    let before: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
-    let ready = state.health.is_ready();
-    let session = state.metrics.reconnects.get();
-    let mut reads = Vec::with_capacity(ladders.len());
-    let mut broker_error = None;
-    for ladder in ladders.iter() {
-        // the held queues this process knows of, summed into one role (a destination is no label)
-        let mut queues = ladder.queues.clone();
-        if let Some(runtime) = state.ladder(&ladder.spec.name) {
-            let holds = runtime.holds.snapshot();
-            queues.extend(
-                holds
-                    .all()
-                    .map(|h| ("held".to_string(), runtime.names.held_queue(&h.destination))),
-            );
-        }
-        match broker.read(amqp, &queues, ready).await {
-            Ok(mut read) => {
-                let held: Vec<Option<u64>> = read
-                    .depths
-                    .iter()
-                    .filter(|(r, _)| r == "held")
-                    .map(|(_, m)| *m)
-                    .collect();
-                if !held.is_empty() {
-                    read.depths.retain(|(r, _)| r != "held");
-                    let sum = held.iter().copied().sum::<Option<u64>>();
-                    read.depths.push(("held".to_string(), sum));
-                }
-                reads.push(read)
+    let started = Instant::now();
+    let mut attempt = 1;
+    let (before, ready, session, reads) = loop {
+        // taken again with every read, so the accounting compares one read with its own counters
+        let before: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
+        let ready = state.health.is_ready();
+        let session = state.metrics.reconnects.get();
+        let reads = read_all(amqp, broker, state, ladders).await;
+        match reads {
+            Err(e) if e.lost && attempt < POLL_ATTEMPTS && started.elapsed() + RETRY_PAUSE < within => {
+                debug!(error = %e.text, attempt, "depth poller lost its connection while reading; reading again");
+                attempt += 1;
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
-            Err(e) => {
-                broker_error = Some(e);
-                break;
-            }
+            reads => break (before, ready, session, reads),
         }
-    }
+    };
+    let (reads, broker_error) = match reads {
+        Ok(reads) => (reads, None),
+        Err(e) => (Vec::new(), Some(e.text)),
+    };
     let readable = broker_error.is_none();
     broker.report(broker_error.as_deref());
     let at = Instant::now();
@@ -269,6 +266,58 @@ async fn poll(
     }
 }
 
+/// Every ladder's queues, and the held queues this process knows of (summed into one role `held`:
+/// a destination is no label).
+async fn read_all(
+    amqp: &AmqpConfig,
+    broker: &mut Broker,
+    state: &State,
+    ladders: &[Tracked],
+) -> Result<Vec<Read>, ReadError> {
+    let ready = state.health.is_ready();
+    let mut reads = Vec::with_capacity(ladders.len());
+    for ladder in ladders {
+        let mut queues = ladder.queues.clone();
+        if let Some(runtime) = state.ladder(&ladder.spec.name) {
+            let holds = runtime.holds.snapshot();
+            queues.extend(
+                holds
+                    .all()
+                    .map(|h| ("held".to_string(), runtime.names.held_queue(&h.destination))),
+            );
+        }
+        let mut read = broker.read(amqp, &queues, ready).await?;
+        let held: Vec<Option<u64>> = read
+            .depths
+            .iter()
+            .filter(|(r, _)| r == "held")
+            .map(|(_, m)| *m)
+            .collect();
+        if !held.is_empty() {
+            read.depths.retain(|(r, _)| r != "held");
+            let sum = held.iter().copied().sum::<Option<u64>>();
+            read.depths.push(("held".to_string(), sum));
+        }
+        reads.push(read);
+    }
+    Ok(reads)
+}
+
+/// Why a read of the broker failed.
+#[derive(Debug)]
+struct ReadError {
+    text: String,
+    /// The connection was open and was lost (closed, broken, or a call went unanswered): a new
+    /// one may read at once. Not when connecting itself failed.
+    lost: bool,
+}
+
+impl ReadError {
+    fn lost(text: String) -> Self {
+        ReadError { text, lost: true }
+    }
+}
+
 /// Exports a verdict and logs what changed.
 fn report(ladder: &mut Tracked, verdict: Verdict, state: &State) {
     let name = ladder.spec.name.as_str();
@@ -328,7 +377,12 @@ impl Broker {
     /// Reads the message count of every queue in `queues` (`(role, name)`), up to
     /// [`PARALLEL_READS`] at once. A missing queue is worth a warning only once the service
     /// declared its topology (`declared`).
-    async fn read(&mut self, amqp: &AmqpConfig, queues: &[(String, String)], declared: bool) -> Result<Read, String> {
+    async fn read(
+        &mut self,
+        amqp: &AmqpConfig,
+        queues: &[(String, String)],
+        declared: bool,
+    ) -> Result<Read, ReadError> {
         let mut depths = Vec::with_capacity(queues.len());
         let (mut intake_consumers, mut due_consumers) = (None, None);
         for batch in queues.chunks(PARALLEL_READS) {
@@ -346,6 +400,8 @@ impl Broker {
                         }
                         Some(u64::from(messages))
                     }
+                    // a held queue is deleted once its release ended: no loss, nothing to say
+                    None if role == "held" => Some(0),
                     None => {
                         if !declared {
                             debug!(queue = %queue, "queue not found (not declared yet)");
@@ -371,7 +427,7 @@ impl Broker {
         &mut self,
         amqp: &AmqpConfig,
         batch: &[(String, String)],
-    ) -> Result<Vec<Option<(u32, u32)>>, String> {
+    ) -> Result<Vec<Option<(u32, u32)>>, ReadError> {
         let mut channels = Vec::with_capacity(batch.len());
         for slot in 0..batch.len() {
             channels.push(self.channel(amqp, slot).await?);
@@ -394,11 +450,13 @@ impl Broker {
                 }
                 Ok(Err(e)) => {
                     self.reset().await;
-                    return Err(format!("reading {queue}: {e}"));
+                    return Err(ReadError::lost(format!("reading {queue}: {e}")));
                 }
                 Err(_) => {
                     self.reset().await;
-                    return Err(format!("reading {queue}: no answer within {BROKER_CALL_TIMEOUT:?}"));
+                    return Err(ReadError::lost(format!(
+                        "reading {queue}: no answer within {BROKER_CALL_TIMEOUT:?}"
+                    )));
                 }
             }
         }
@@ -406,7 +464,7 @@ impl Broker {
     }
 
     /// The open channel of `slot`, connecting and opening one first if needed.
-    async fn channel(&mut self, amqp: &AmqpConfig, slot: usize) -> Result<Channel, String> {
+    async fn channel(&mut self, amqp: &AmqpConfig, slot: usize) -> Result<Channel, ReadError> {
         if self.channels.len() <= slot {
             self.channels.resize(slot + 1, None);
         }
@@ -419,23 +477,26 @@ impl Broker {
         if !self.connection.as_ref().is_some_and(Connection::is_open) {
             self.reset().await;
             self.channels.resize(slot + 1, None);
-            let connection = service::connect(amqp)
-                .await
-                .map_err(|e| format!("cannot reach the broker: {e}"))?;
+            let connection = service::connect(amqp).await.map_err(|e| ReadError {
+                text: format!("cannot reach the broker: {e}"),
+                lost: false,
+            })?;
             self.connection = Some(connection);
         }
         let Some(connection) = &self.connection else {
-            return Err("no connection".into());
+            return Err(ReadError::lost("no connection".into()));
         };
         let channel = match tokio::time::timeout(BROKER_CALL_TIMEOUT, connection.create_channel()).await {
             Ok(Ok(channel)) => channel,
             Ok(Err(e)) => {
                 self.reset().await;
-                return Err(format!("opening a channel: {e}"));
+                return Err(ReadError::lost(format!("opening a channel: {e}")));
             }
             Err(_) => {
                 self.reset().await;
-                return Err(format!("opening a channel: no answer within {BROKER_CALL_TIMEOUT:?}"));
+                return Err(ReadError::lost(format!(
+                    "opening a channel: no answer within {BROKER_CALL_TIMEOUT:?}"
+                )));
             }
         };
         self.channels[slot] = Some(channel.clone());

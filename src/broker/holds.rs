@@ -3,7 +3,8 @@
 //! [`SharedHolds`] every relay loop of the ladder checks, and the **releaser**, which drains
 //! the held queues of resumed destinations at their rate and sends the automatic hold's probes.
 //!
-//! Following reads the whole stream (a hold lasts until it is resumed, however long ago) and is
+//! Following reads the whole stream (a hold lasts until it is resumed, however long ago) — or,
+//! where retention cut it, the first checkpoint that covers the cut and what follows — and is
 //! caught up once it read a marker it appended itself; the supervisor starts no relay loop
 //! before. A hold is recorded only after the destination was checked (allowed, exists) and its
 //! held queue declared; every follower declares the held queue again before it applies the
@@ -13,7 +14,9 @@
 //! consumer at a time (`x-single-active-consumer`), so however many replicas drain it, one does,
 //! paced by a one-token bucket. What it takes it publishes as it was held (the due hop's
 //! delivery properties), mandatory and confirmed, then acks; a returned one is parked as
-//! `no-route`, like any delivery.
+//! `no-route`, like any delivery. Once a freed destination's held queue stayed empty for the
+//! ladder's `held_queue_grace`, the releaser deletes it (the one exception to "Ladder deletes
+//! nothing", ARCHITECTURE.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 use ladder_amqp::{Channel, Confirmation, Connection, Consumer, Delivery, FieldTable, FieldValue, QueueOptions};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::broker::cancels::{CancelError, append, bounded};
 use crate::broker::relay::{self, LadderRuntime};
@@ -30,7 +33,8 @@ use crate::broker::topology;
 use crate::clock::now_ms;
 use crate::model::backoff::Backoff;
 use crate::model::holds::{
-    AUTO, BreakerAction, HOLD_FORMAT, HoldAction, HoldRecord, HoldState, Holds, ProbeStep, SharedHolds,
+    AUTO, BreakerAction, CHECKPOINT_EVERY_BYTES, CHECKPOINT_FORMAT, Catchup, Checkpoint, Fold, HOLD_FORMAT, HoldAction,
+    HoldRecord, HoldState, Holds, ProbeStep, SharedHolds,
 };
 use crate::model::ladder::LadderSpec;
 use crate::model::lot::pace::{Pacer, Rate};
@@ -55,10 +59,6 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 /// A drain that received nothing for this long looks whether its held queue is empty (to end a
 /// release).
 const IDLE_CHECK: Duration = Duration::from_millis(500);
-
-/// A drain of a free destination (stragglers a lagging replica put in after the release ended,
-/// or that a crash left) stops after its queue was empty for this long.
-const STRAGGLER_GRACE: Duration = Duration::from_secs(60);
 
 /// How often the prober of an automatic hold looks whether its probe is due.
 const PROBE_TICK: Duration = Duration::from_millis(100);
@@ -243,7 +243,14 @@ pub async fn snapshot(connection: &Connection, names: &Names, spec: &LadderSpec)
 }
 
 /// Follows `names.holds` into `holds` from its first record until `stop`, caught up once it read
-/// its own marker. With `metrics`, transitions read after catching up are logged and counted.
+/// its own marker. With `metrics` (the service's follower), transitions read after catching up
+/// are logged and counted, and checkpoints are appended (see [`Checkpoint`]).
+///
+/// Retention may have removed the stream's oldest records: a follower whose first record is not
+/// at offset 0 keeps what it reads until a checkpoint that covers the cut, then takes the
+/// checkpoint's state and applies the kept records after it ([`Catchup`]) — the state of a
+/// follower that read everything. Every held queue of a restored state is declared before it
+/// is applied, as for a `held` record.
 pub async fn follow(
     connection: &Connection,
     names: &Names,
@@ -272,6 +279,14 @@ pub async fn follow(
         channel.basic_consume(&names.holds, "", false, args),
     )
     .await?;
+    let mut catchup = Catchup::default();
+    // the state is the fold of the whole stream (not a cut read past without a checkpoint), so
+    // this follower may write checkpoints of it
+    let mut exact = true;
+    let mut since_checkpoint: u64 = 0;
+    // drawn once: replicas reach their thresholds at different times, and the first checkpoint
+    // in the stream resets every follower's count
+    let threshold = CHECKPOINT_EVERY_BYTES + fastrand::u64(0..=CHECKPOINT_EVERY_BYTES / 2);
     loop {
         let delivery = tokio::select! {
             () = stop.cancelled() => break,
@@ -280,56 +295,169 @@ pub async fn follow(
                 None => return Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
             },
         };
-        match delivery.properties.kind.as_ref().and_then(|k| k.to_str()) {
+        let Some(offset) = delivery
+            .properties
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("x-stream-offset"))
+            .and_then(protocol::as_u64)
+        else {
+            warn!(ladder = %spec.name, "a hold stream delivery without x-stream-offset; skipped");
+            channel.basic_ack(delivery.delivery_tag, false)?;
+            continue;
+        };
+        since_checkpoint = since_checkpoint.saturating_add(delivery.body.len() as u64);
+        let fold = match delivery.properties.kind.as_ref().and_then(|k| k.to_str()) {
             Some(HOLD_FORMAT) => match HoldRecord::from_slice(&delivery.body) {
-                Some(record) => {
-                    if record.action == HoldAction::Held {
-                        // before any due hop may route into it
-                        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-                        while let Err(e) = declare_held_queue(connection, names, spec, &record.destination).await {
-                            warn!(ladder = %spec.name, destination = %record.destination, error = %e, "cannot declare a held queue; trying again");
-                            tokio::select! {
-                                () = tokio::time::sleep(backoff.next_wait()) => {}
-                                () = stop.cancelled() => return Ok(()),
-                            }
-                        }
-                    }
-                    let changed = holds.apply(&record, spec.release_rate);
-                    if changed && let Some(notify) = changed_notify {
-                        notify.notify_one();
-                    }
-                    if let Some(metrics) = metrics {
-                        metrics.held.set(holds.snapshot().held_count() as i64);
-                        if changed && holds.caught_up() {
-                            let kind = match (record.action, record.by == AUTO) {
-                                (HoldAction::Held, true) => "auto_held",
-                                (HoldAction::Resumed, true) => "auto_resumed",
-                                (action, _) => action.code(),
-                            };
-                            metrics.transition(kind);
-                            info!(ladder = %spec.name, destination = %record.destination, transition = kind,
-                                  by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
-                        }
+                Some(record) => catchup.record(offset, record),
+                None => {
+                    debug!("an unreadable hold record; skipped");
+                    catchup.other(offset);
+                    Fold::Apply(Vec::new())
+                }
+            },
+            Some(CHECKPOINT_FORMAT) => {
+                since_checkpoint = 0;
+                match Checkpoint::from_slice(&delivery.body) {
+                    Some(checkpoint) => catchup.checkpoint(offset, &checkpoint, spec.release_rate),
+                    None => {
+                        catchup.other(offset);
+                        Fold::Apply(Vec::new())
                     }
                 }
-                None => debug!("an unreadable hold record; skipped"),
-            },
+            }
             Some(FOLLOW_MARKER_FORMAT) => {
+                catchup.other(offset);
                 let ours = serde_json::from_slice::<serde_json::Value>(&delivery.body)
                     .ok()
                     .is_some_and(|v| v["id"] == marker_id.as_str());
+                if ours && catchup.uncovered() {
+                    // only a retention below what a checkpoint spans can do this
+                    error!(ladder = %spec.name, stream = %names.holds,
+                           "the hold stream was cut by its retention and holds no checkpoint that covers the cut; \
+                            holds recorded before the cut are lost (hold them again)");
+                    exact = false;
+                    let kept = catchup.give_up();
+                    if !apply_records(connection, names, spec, holds, metrics, changed_notify, &kept, stop).await {
+                        return Ok(());
+                    }
+                }
                 if ours && !holds.caught_up() {
                     debug!(held = holds.snapshot().held_count(), "holds caught up");
                     holds.set_caught_up(true);
                 }
+                Fold::Apply(Vec::new())
             }
-            _ => {}
+            _ => {
+                catchup.other(offset);
+                Fold::Apply(Vec::new())
+            }
+        };
+        let applied = match fold {
+            Fold::Apply(records) => {
+                apply_records(connection, names, spec, holds, metrics, changed_notify, &records, stop).await
+            }
+            Fold::Restore(state, records) => {
+                for h in state.all().filter(|h| h.holds_back()) {
+                    if !declare_until_done(connection, names, spec, &h.destination, stop).await {
+                        return Ok(());
+                    }
+                }
+                debug!(ladder = %spec.name, held = state.held_count(), "hold state restored from a checkpoint");
+                holds.restore(state);
+                if let Some(notify) = changed_notify {
+                    notify.notify_one();
+                }
+                apply_records(connection, names, spec, holds, metrics, changed_notify, &records, stop).await
+            }
+        };
+        if !applied {
+            return Ok(());
         }
         channel.basic_ack(delivery.delivery_tag, false)?;
+        if metrics.is_some() && exact && holds.caught_up() && since_checkpoint >= threshold {
+            let checkpoint = holds.snapshot().checkpoint(offset, now_ms());
+            match append(connection, &names.holds, CHECKPOINT_FORMAT, &checkpoint.to_json()).await {
+                Ok(()) => debug!(ladder = %spec.name, upto = offset, "hold state checkpointed"),
+                // the next record tries again; retention is far off
+                Err(e) => warn!(ladder = %spec.name, error = %e, "cannot append a hold checkpoint"),
+            }
+            // counted again from here; this checkpoint, read back, resets it too
+            since_checkpoint = 0;
+        }
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "stopped")).await;
     Ok(())
+}
+
+/// Declares the held queue of `destination`, trying again with backoff; `false` if `stop` came
+/// first.
+async fn declare_until_done(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    destination: &str,
+    stop: &CancellationToken,
+) -> bool {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    while let Err(e) = declare_held_queue(connection, names, spec, destination).await {
+        warn!(ladder = %spec.name, destination, error = %e, "cannot declare a held queue; trying again");
+        tokio::select! {
+            () = tokio::time::sleep(backoff.next_wait()) => {}
+            () = stop.cancelled() => return false,
+        }
+    }
+    true
+}
+
+/// Applies hold records in order, each `held` one after its held queue is declared (before any
+/// due hop may route into it); `false` if `stop` came first.
+#[allow(clippy::too_many_arguments)]
+async fn apply_records(
+    connection: &Connection,
+    names: &Names,
+    spec: &LadderSpec,
+    holds: &SharedHolds,
+    metrics: Option<&crate::metrics::HoldMetrics>,
+    changed_notify: Option<&tokio::sync::Notify>,
+    records: &[HoldRecord],
+    stop: &CancellationToken,
+) -> bool {
+    for record in records {
+        let changed = loop {
+            if record.action == HoldAction::Held
+                && !declare_until_done(connection, names, spec, &record.destination, stop).await
+            {
+                return false;
+            }
+            match holds.apply_unless_deleting(record, spec.release_rate) {
+                Some(changed) => break changed,
+                // this process is deleting its held queue: declare it again once it is done
+                None => tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                    () = stop.cancelled() => return false,
+                },
+            }
+        };
+        if changed && let Some(notify) = changed_notify {
+            notify.notify_one();
+        }
+        if let Some(metrics) = metrics {
+            metrics.held.set(holds.snapshot().held_count() as i64);
+            if changed && holds.caught_up() {
+                let kind = match (record.action, record.by == AUTO) {
+                    (HoldAction::Held, true) => "auto_held",
+                    (HoldAction::Resumed, true) => "auto_resumed",
+                    (action, _) => action.code(),
+                };
+                metrics.transition(kind);
+                info!(ladder = %spec.name, destination = %record.destination, transition = kind,
+                      by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
+            }
+        }
+    }
+    true
 }
 
 /// What a drain was started for.
@@ -337,7 +465,9 @@ pub async fn follow(
 enum DrainKind {
     /// Release the whole queue at `rate`; `since_ms`: the resume it belongs to.
     Release { rate: Rate, since_ms: u64 },
-    /// A free destination: release stragglers, stop when idle for [`STRAGGLER_GRACE`].
+    /// A free destination: release stragglers (a lagging replica put them in after the release
+    /// ended, or a crash left them); when idle for the ladder's `held_queue_grace`, stop and
+    /// delete the held queue ([`delete_held_queue`]).
     Stragglers,
     /// An automatic hold: wait on its held queue; as the single active consumer, send its
     /// probes.
@@ -639,6 +769,17 @@ async fn drain(
     stop: &CancellationToken,
 ) -> Result<(), HoldError> {
     let Some((channel, mut consumer)) = consume_held(connection, ladder, destination).await? else {
+        // no held queue (deleted by hand): nothing to release, and the due hops, whose publishes
+        // into it come back and wait in a tier, deliver again once the release ended
+        if let DrainKind::Release { since_ms, .. } = kind {
+            let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "no held queue", now_ms());
+            record.of = Some(since_ms);
+            append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await?;
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
         return Ok(());
     };
     let mut pacer = match kind {
@@ -646,6 +787,7 @@ async fn drain(
         DrainKind::Stragglers | DrainKind::Probe => Pacer::new(ladder.spec.release_rate),
     };
     let mut idle_since = Instant::now();
+    let mut retire = false;
     let result = loop {
         let next = tokio::select! {
             () = stop.cancelled() => break Ok(()),
@@ -676,7 +818,10 @@ async fn drain(
                             }
                         }
                     }
-                    DrainKind::Stragglers if idle_since.elapsed() >= STRAGGLER_GRACE => break Ok(()),
+                    DrainKind::Stragglers if idle_since.elapsed() >= ladder.spec.held_queue_grace => {
+                        retire = true;
+                        break Ok(());
+                    }
                     _ => {}
                 }
                 continue;
@@ -705,7 +850,105 @@ async fn drain(
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "released")).await;
+    if retire && result.is_ok() {
+        return delete_held_queue(connection, ladder, destination).await;
+    }
     result
+}
+
+/// Deletes the held queue of a `destination` that is free and whose queue stayed empty for the
+/// ladder's `held_queue_grace` since its release ended, then records `deleted` (every replica
+/// forgets the destination). Only an empty queue without consumers is deleted, and nothing of
+/// this process routes into it meanwhile ([`SharedHolds::begin_delete`]). A classic queue is
+/// deleted `if-empty`, which the broker decides atomically, so a message a lagging replica
+/// routes in at that moment keeps it; a quorum queue refuses `if-empty` (and closes the
+/// connection for asking), so one is deleted only while this replica is the only consumer of
+/// `N.L.due` — no other replica can route into it — and otherwise kept, as before.
+async fn delete_held_queue(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+) -> Result<(), HoldError> {
+    let free_since = ladder
+        .holds
+        .snapshot()
+        .get(destination)
+        .filter(|h| h.state == HoldState::Free)
+        .map(|h| h.changed_at_ms);
+    let Some(free_since) = free_since else {
+        return Ok(());
+    };
+    if !ladder.holds.caught_up() || !ladder.holds.begin_delete(destination, free_since) {
+        return Ok(());
+    }
+    let deleted = delete_if_unused(connection, ladder, destination).await;
+    ladder.holds.end_delete(destination);
+    if !deleted? {
+        return Ok(());
+    }
+    info!(ladder = %ladder.spec.name, destination, "deleted the held queue of a released destination");
+    let mut record = HoldRecord::new(destination, HoldAction::Deleted, "release", "", now_ms());
+    record.of = Some(free_since);
+    append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await?;
+    Ok(())
+}
+
+/// See [`delete_held_queue`]: whether the queue was deleted.
+async fn delete_if_unused(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+) -> Result<bool, HoldError> {
+    let queue = ladder.names.held_queue(destination);
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    let inspect = |queue: String| {
+        let channel = channel.clone();
+        async move { tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_inspect(&queue)).await }
+    };
+    let deleted = 'delete: {
+        let held = match inspect(queue.clone()).await {
+            Ok(Ok(info)) => info,
+            // gone already (another replica deleted it and records it)
+            Ok(Err(e)) if e.reply_code() == Some(404) => break 'delete Ok(false),
+            Ok(Err(e)) => break 'delete Err(e.into()),
+            Err(_) => break 'delete Err(HoldError::Declare("the broker did not answer".into())),
+        };
+        if held.message_count > 0 || held.consumer_count > 0 {
+            // stragglers, or another replica's drain still running: it deletes it after its grace
+            break 'delete Ok(false);
+        }
+        let gone = match ladder.spec.queue_type {
+            crate::model::ladder::QueueType::Classic => {
+                tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_delete_if_empty(&queue)).await
+            }
+            crate::model::ladder::QueueType::Quorum => {
+                let due = match inspect(ladder.names.due.clone()).await {
+                    Ok(Ok(info)) => info.consumer_count,
+                    _ => break 'delete Ok(false),
+                };
+                if due != 1 {
+                    debug!(ladder = %ladder.spec.name, destination, due_consumers = due,
+                           "a quorum held queue is kept while other replicas run (quorum queues refuse if-empty)");
+                    break 'delete Ok(false);
+                }
+                tokio::time::timeout(REQUEST_TIMEOUT, channel.queue_delete(&queue)).await
+            }
+        };
+        match gone {
+            Ok(Ok(0)) => Ok(true),
+            Ok(Ok(lost)) => {
+                // only a publisher outside Ladder can have put them there
+                error!(ladder = %ladder.spec.name, destination, lost, "a held queue deleted as empty held messages");
+                Ok(true)
+            }
+            // 406: not empty after all (classic)
+            Ok(Err(e)) if e.reply_code() == Some(406) => Ok(false),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(HoldError::Declare("the broker did not answer".into())),
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "retired")).await;
+    deleted
 }
 
 /// Ready messages in `queue`, if the broker says.

@@ -473,6 +473,13 @@ async fn settle(
             if let Some(trace) = &trace {
                 trace.decided(&decision, props);
             }
+            if let Decision::Forward(forward) = &decision
+                && forward.failure
+                && forward.attempt >= 2
+            {
+                // a repeat failure the broker routed past the intake: its destination failed
+                ladder.failed_at(&forward.destination, props, now);
+            }
             match decision {
                 Decision::Forward(forward)
                     if forward.kind == ForwardKind::Deliver
@@ -484,7 +491,7 @@ async fn settle(
                 Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => Err(forward),
                 Decision::Forward(forward) => {
                     // a retry of a message the due hop delivered: a failure of its destination
-                    if (hop == Hop::Intake || forward.failure) && forward.attempt >= 2 {
+                    if hop == Hop::Intake && forward.attempt >= 2 {
                         ladder.failed_at(&forward.destination, props, now);
                     }
                     Ok(Step::Schedule(forward))
@@ -598,10 +605,14 @@ async fn settle(
                 return Ok(());
             }
             (Step::Park(_), Confirmation::Ack) => return Ok(()),
-            (
-                Step::Schedule(forward) | Step::Deliver(forward, _) | Step::Hold(forward),
-                Confirmation::Returned(returned),
-            ) => {
+            (Step::Hold(forward), Confirmation::Returned(_)) => {
+                // no held queue: deleted after its release ended and this replica has not read
+                // the end yet (or deleted by hand). Not parked: it waits in the shortest tier
+                // and is decided again, by then on the stream's word
+                debug!(ladder = %ladder.spec.name, destination = %forward.destination, "the held queue is gone; deferring");
+                Step::Defer(DeferReason::Busy, forward.failure.then_some(forward))
+            }
+            (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
                 metrics.returned.inc();
                 Step::Park(protocol::no_route(
                     hop,

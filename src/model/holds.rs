@@ -57,6 +57,9 @@ pub enum HoldAction {
     /// A replica's intake saw the probe named by `of` come back failed: the hold starts over,
     /// twice as long.
     ProbeFailed,
+    /// The held queue of a free destination was deleted (empty since the release that `of`
+    /// names ended — the `at_ms` of the `released` record): the destination is forgotten.
+    Deleted,
 }
 
 impl HoldAction {
@@ -68,6 +71,7 @@ impl HoldAction {
             HoldAction::Released => "released",
             HoldAction::Probed => "probed",
             HoldAction::ProbeFailed => "probe_failed",
+            HoldAction::Deleted => "deleted",
         }
     }
 }
@@ -187,7 +191,7 @@ pub struct DestinationHold {
 }
 
 /// The half-open state of an automatic hold.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probing {
     /// The wait before the next probe (ms), doubled by each failed probe.
     pub hold_ms: u64,
@@ -348,14 +352,17 @@ impl Holds {
                     ..current.expect("matched Some").clone()
                 }
             }
-            // a resume of what is not held, or the end of another release: nothing to do
+            (HoldAction::Deleted, Some(HoldState::Free)) if record.of == current.map(|c| c.changed_at_ms) => {
+                self.by_destination.remove(&record.destination);
+                self.push_recent(record);
+                return true;
+            }
+            // a resume of what is not held, the end of another release, the deletion of a held
+            // queue that was used again: nothing to do
             _ => return false,
         };
         self.by_destination.insert(record.destination.clone(), next);
-        self.recent.push_back(record.clone());
-        if self.recent.len() > MAX_RECENT {
-            self.recent.pop_front();
-        }
+        self.push_recent(record);
         if self.by_destination.len() > MAX_HOLDS {
             let oldest_free = self
                 .by_destination
@@ -368,6 +375,13 @@ impl Holds {
             }
         }
         true
+    }
+
+    fn push_recent(&mut self, record: &HoldRecord) {
+        self.recent.push_back(record.clone());
+        if self.recent.len() > MAX_RECENT {
+            self.recent.pop_front();
+        }
     }
 
     /// The hold of `destination`, if it has one.
@@ -403,6 +417,241 @@ impl Holds {
     }
 }
 
+/// The record format of a checkpoint in `N.L.holds`: the whole hold state as the stream left it
+/// up to a record, so a follower that starts where retention cut the stream rebuilds exactly
+/// the state of one that read it from its very first record.
+pub const CHECKPOINT_FORMAT: &str = "ladder.holds-checkpoint/v1";
+
+/// One destination in a [`Checkpoint`]: [`DestinationHold`] with its state spelled out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    /// The destination queue.
+    pub destination: String,
+    /// `held`, `releasing` or `free`.
+    pub state: String,
+    /// Releasing: the rate (`10/s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// Releasing: the resume's `at_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
+    /// [`DestinationHold::by`].
+    pub by: String,
+    /// [`DestinationHold::why`].
+    pub why: String,
+    /// [`DestinationHold::held_since_ms`].
+    pub held_since_ms: u64,
+    /// [`DestinationHold::changed_at_ms`].
+    pub changed_at_ms: u64,
+    /// [`DestinationHold::probing`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probing: Option<Probing>,
+}
+
+/// A checkpoint record: the state folded from the stream's first record up to and including the
+/// record at offset `upto`. Appended now and then by a follower that is caught up, so that the
+/// stream can have a retention without losing a hold that is still live, however old it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// [`CHECKPOINT_FORMAT`].
+    pub format: String,
+    /// The stream offset of the last record folded in.
+    pub upto: u64,
+    /// When it was written, ms since the epoch.
+    pub at_ms: u64,
+    /// Every destination known, held or not.
+    pub holds: Vec<CheckpointEntry>,
+    /// [`Holds::recent`], oldest first.
+    pub recent: Vec<HoldRecord>,
+}
+
+impl Checkpoint {
+    /// The record body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A record body back, if it is a checkpoint.
+    pub fn from_slice(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<Checkpoint>(body)
+            .ok()
+            .filter(|c| c.format == CHECKPOINT_FORMAT)
+    }
+}
+
+fn rate_text(rate: Rate) -> String {
+    let unit = match rate.per.as_secs() {
+        60 => "m",
+        3600 => "h",
+        _ => "s",
+    };
+    format!("{}/{unit}", rate.count)
+}
+
+impl Holds {
+    /// The state as a checkpoint of the stream up to offset `upto`, written at `at_ms`.
+    pub fn checkpoint(&self, upto: u64, at_ms: u64) -> Checkpoint {
+        let holds = self
+            .all()
+            .map(|h| {
+                let (state, rate, since_ms) = match h.state {
+                    HoldState::Held => ("held", None, None),
+                    HoldState::Releasing { rate, since_ms } => ("releasing", Some(rate_text(rate)), Some(since_ms)),
+                    HoldState::Free => ("free", None, None),
+                };
+                CheckpointEntry {
+                    destination: h.destination.clone(),
+                    state: state.into(),
+                    rate,
+                    since_ms,
+                    by: h.by.clone(),
+                    why: h.why.clone(),
+                    held_since_ms: h.held_since_ms,
+                    changed_at_ms: h.changed_at_ms,
+                    probing: h.probing.clone(),
+                }
+            })
+            .collect();
+        Checkpoint {
+            format: CHECKPOINT_FORMAT.into(),
+            upto,
+            at_ms,
+            holds,
+            recent: self.recent.iter().cloned().collect(),
+        }
+    }
+
+    /// The state a checkpoint holds; `default_rate` for a rate it cannot read (none it wrote).
+    pub fn restore(checkpoint: &Checkpoint, default_rate: Rate) -> Holds {
+        let by_destination = checkpoint
+            .holds
+            .iter()
+            .filter(|e| !e.destination.is_empty())
+            .filter_map(|e| {
+                let state = match e.state.as_str() {
+                    "held" => HoldState::Held,
+                    "releasing" => HoldState::Releasing {
+                        rate: e.rate.as_deref().and_then(|r| r.parse().ok()).unwrap_or(default_rate),
+                        since_ms: e.since_ms.unwrap_or(e.changed_at_ms),
+                    },
+                    "free" => HoldState::Free,
+                    _ => return None,
+                };
+                let hold = DestinationHold {
+                    destination: e.destination.clone(),
+                    state,
+                    by: e.by.clone(),
+                    why: e.why.clone(),
+                    held_since_ms: e.held_since_ms,
+                    changed_at_ms: e.changed_at_ms,
+                    probing: e.probing.clone(),
+                };
+                Some((e.destination.clone(), hold))
+            })
+            .take(MAX_HOLDS)
+            .collect();
+        let skip = checkpoint.recent.len().saturating_sub(MAX_RECENT);
+        Holds {
+            by_destination,
+            recent: checkpoint.recent.iter().skip(skip).cloned().collect(),
+        }
+    }
+}
+
+/// How a follower folds the hold stream when its first record may not be the stream's first
+/// (retention removed the oldest segments). Reading from offset 0 it applies every record as it
+/// comes. Reading from a cut it keeps the records it reads until a checkpoint that covers the
+/// cut (`upto + 1 >= first offset`): then the state is the checkpoint's, and the kept records
+/// after `upto` are applied on top, in order — exactly the fold of the whole stream.
+#[derive(Debug, Default)]
+pub struct Catchup {
+    first: Option<u64>,
+    /// While reading from a cut without a checkpoint that covers it yet: the records read.
+    kept: Option<Vec<(u64, HoldRecord)>>,
+}
+
+/// What a follower does with what it read.
+#[derive(Debug)]
+pub enum Fold {
+    /// Apply these records, in order.
+    Apply(Vec<HoldRecord>),
+    /// Replace the state with this one, then apply these records, in order.
+    Restore(Holds, Vec<HoldRecord>),
+}
+
+impl Catchup {
+    fn start(&mut self, offset: u64) {
+        if self.first.is_none() {
+            self.first = Some(offset);
+            if offset > 0 {
+                self.kept = Some(Vec::new());
+            }
+        }
+    }
+
+    /// A hold record at stream offset `offset`.
+    pub fn record(&mut self, offset: u64, record: HoldRecord) -> Fold {
+        self.start(offset);
+        match &mut self.kept {
+            Some(kept) => {
+                kept.push((offset, record));
+                Fold::Apply(Vec::new())
+            }
+            None => Fold::Apply(vec![record]),
+        }
+    }
+
+    /// Any other record (a marker, a record of another kind) at `offset`.
+    pub fn other(&mut self, offset: u64) {
+        self.start(offset);
+    }
+
+    /// A checkpoint at `offset`. Reading from a cut, the first one that covers it restores the
+    /// state; every other one changes nothing (the state already is what it says).
+    pub fn checkpoint(&mut self, offset: u64, checkpoint: &Checkpoint, default_rate: Rate) -> Fold {
+        self.start(offset);
+        let first = self.first.unwrap_or(0);
+        match self.kept.take() {
+            Some(kept) if checkpoint.upto.saturating_add(1) >= first && checkpoint.upto < offset => {
+                let after = kept
+                    .into_iter()
+                    .filter(|(o, _)| *o > checkpoint.upto)
+                    .map(|(_, r)| r)
+                    .collect();
+                Fold::Restore(Holds::restore(checkpoint, default_rate), after)
+            }
+            kept => {
+                self.kept = kept;
+                Fold::Apply(Vec::new())
+            }
+        }
+    }
+
+    /// Whether the reading started at a cut and no checkpoint covered it yet.
+    pub fn uncovered(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    /// Gives up waiting for a checkpoint (the follower reached its own marker without one, which
+    /// only a retention smaller than [`CHECKPOINT_EVERY_BYTES`] allows): the records read, to be
+    /// applied as they are.
+    pub fn give_up(&mut self) -> Vec<HoldRecord> {
+        self.kept
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
+    }
+}
+
+/// A caught-up follower appends a [`Checkpoint`] once this many bytes of records went by since
+/// the last checkpoint in the stream (plus up to half again, drawn per follower, so replicas do
+/// not all write one at once: the first to write resets the others' count). Far below the
+/// stream's retention (`model::plan::HOLDS_MAX_BYTES`, which keeps at least that less one
+/// segment), so the retained part always holds a checkpoint that covers where it begins.
+pub const CHECKPOINT_EVERY_BYTES: u64 = 1024 * 1024;
+
 /// [`Holds`] shared between the follower that fills it, the relay loops that read it and the
 /// releaser; the lock is never held across an await. `caught_up`: the follower has read the
 /// stream to a marker it appended itself (until then a due message may not be delivered).
@@ -411,16 +660,57 @@ pub struct SharedHolds {
     inner: RwLock<Holds>,
     any_held: std::sync::atomic::AtomicBool,
     caught_up: std::sync::atomic::AtomicBool,
+    /// Destinations whose held queue this process is deleting: a `held` record for one waits
+    /// until the deletion ended (and its queue is declared again), so no due hop of this
+    /// process routes into a queue being deleted.
+    deleting: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl SharedHolds {
     /// Applies one record; whether it changed anything.
     pub fn apply(&self, record: &HoldRecord, default_rate: Rate) -> bool {
+        self.apply_unless_deleting(record, default_rate).unwrap_or(false)
+    }
+
+    /// Applies one record, unless it holds a destination whose held queue is being deleted
+    /// (`None`: declare the queue again once [`SharedHolds::end_delete`], then apply it).
+    pub fn apply_unless_deleting(&self, record: &HoldRecord, default_rate: Rate) -> Option<bool> {
         let mut holds = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        if record.action == HoldAction::Held
+            && self
+                .deleting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&record.destination)
+        {
+            return None;
+        }
         let changed = holds.apply(record, default_rate);
         self.any_held
             .store(!holds.none_held(), std::sync::atomic::Ordering::Release);
-        changed
+        Some(changed)
+    }
+
+    /// Starts deleting `destination`'s held queue, if it is free since `changed_at_ms` (nothing
+    /// applied since holds it again); whether it may.
+    pub fn begin_delete(&self, destination: &str, changed_at_ms: u64) -> bool {
+        let holds = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        let free = holds
+            .get(destination)
+            .is_some_and(|h| h.state == HoldState::Free && h.changed_at_ms == changed_at_ms);
+        free && self
+            .deleting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(destination.to_string())
+    }
+
+    /// The deletion [`SharedHolds::begin_delete`] started ended, whatever its outcome.
+    pub fn end_delete(&self, destination: &str) {
+        self.deleting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(destination);
     }
 
     /// Whether the due hop must put `destination`'s messages into its held queue (one atomic
@@ -432,6 +722,14 @@ impl SharedHolds {
                 .read()
                 .unwrap_or_else(PoisonError::into_inner)
                 .holds_back(destination)
+    }
+
+    /// Replaces the state (a follower restoring a [`Checkpoint`]).
+    pub fn restore(&self, state: Holds) {
+        let mut holds = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        *holds = state;
+        self.any_held
+            .store(!holds.none_held(), std::sync::atomic::Ordering::Release);
     }
 
     /// A copy of the state.
@@ -757,8 +1055,124 @@ mod tests {
         "10/s".parse().unwrap()
     }
 
+    impl HoldRecord {
+        fn with_of(mut self, of: u64) -> Self {
+            self.of = Some(of);
+            self
+        }
+    }
+
     fn record(dest: &str, action: HoldAction, at: u64) -> HoldRecord {
         HoldRecord::new(dest, action, "alice", "down", at)
+    }
+
+    /// A stream with every kind of transition: holds, a stale release, an automatic hold with a
+    /// probe that failed and one that came through, a repeat hold, resumes and releases.
+    fn history() -> Vec<HoldRecord> {
+        let r = |dest: &str, action, at, of: Option<u64>| {
+            let mut record = HoldRecord::new(dest, action, "alice", "down", at);
+            record.of = of;
+            record
+        };
+        let mut auto = HoldRecord::new("billing", HoldAction::Held, AUTO, "failing", 12);
+        auto.hold_ms = Some(100);
+        auto.max_hold_ms = Some(1000);
+        let mut slow = r("orders", HoldAction::Resumed, 20, None);
+        slow.rate = Some("3/m".into());
+        vec![
+            r("orders", HoldAction::Held, 10, None),
+            auto,
+            r("orders", HoldAction::Held, 15, None),
+            slow,
+            r("orders", HoldAction::Released, 21, Some(5)),
+            HoldRecord::new("billing", HoldAction::Probed, "replica-a", "", 113).with_of(12),
+            HoldRecord::new("billing", HoldAction::Probed, "replica-b", "", 114).with_of(12),
+            HoldRecord::new("billing", HoldAction::ProbeFailed, "replica-b", "", 130).with_of(113),
+            r("orders", HoldAction::Released, 31, Some(20)),
+            r("orders", HoldAction::Held, 40, None),
+            HoldRecord::new("billing", HoldAction::Probed, "replica-b", "", 340).with_of(12),
+            r("stock", HoldAction::Held, 50, None),
+            r("stock", HoldAction::Resumed, 500, None),
+        ]
+    }
+
+    fn fold(records: &[HoldRecord]) -> Holds {
+        let mut holds = Holds::default();
+        for r in records {
+            holds.apply(r, rate());
+        }
+        holds
+    }
+
+    fn same(a: &Holds, b: &Holds) -> bool {
+        a.all().eq(b.all()) && a.recent().eq(b.recent())
+    }
+
+    #[test]
+    fn a_follower_from_any_cut_that_a_checkpoint_covers_rebuilds_the_whole_streams_state() {
+        let records = history();
+        let whole = fold(&records);
+        let billing = whole.get("billing").and_then(|h| h.probing.clone()).expect("auto-held");
+        assert_eq!((billing.failures, billing.probe), (1, Some((340, "replica-b".into()))));
+        assert!(matches!(
+            whole.get("stock").unwrap().state,
+            HoldState::Releasing { since_ms: 500, .. }
+        ));
+        assert_eq!(whole.get("orders").unwrap().held_since_ms, 40);
+        enum Entry {
+            Record(HoldRecord),
+            Checkpoint(Checkpoint),
+            Marker,
+        }
+        // a checkpoint after every record k (and a marker before it, as followers append them)
+        for k in 1..records.len() {
+            let mut stream: Vec<Entry> = records[..k].iter().cloned().map(Entry::Record).collect();
+            stream.push(Entry::Marker);
+            let upto = stream.len() as u64 - 1;
+            let checkpoint = fold(&records[..k]).checkpoint(upto, 99);
+            let checkpoint = Checkpoint::from_slice(&checkpoint.to_json()).expect("reads back");
+            stream.push(Entry::Checkpoint(checkpoint));
+            stream.extend(records[k..].iter().cloned().map(Entry::Record));
+            // retention cut the stream anywhere up to just after what the checkpoint covers
+            for cut in 0..=upto as usize + 1 {
+                let (shared, mut catchup) = (SharedHolds::default(), Catchup::default());
+                for (offset, entry) in stream.iter().enumerate().skip(cut) {
+                    let offset = offset as u64;
+                    let fold = match entry {
+                        Entry::Record(r) => catchup.record(offset, r.clone()),
+                        Entry::Checkpoint(c) => catchup.checkpoint(offset, c, rate()),
+                        Entry::Marker => {
+                            catchup.other(offset);
+                            continue;
+                        }
+                    };
+                    match fold {
+                        Fold::Apply(records) => records.iter().for_each(|r| {
+                            shared.apply(r, rate());
+                        }),
+                        Fold::Restore(state, records) => {
+                            shared.restore(state);
+                            records.iter().for_each(|r| {
+                                shared.apply(r, rate());
+                            });
+                        }
+                    }
+                }
+                assert!(!catchup.uncovered(), "k={k} cut={cut}");
+                let got = shared.snapshot();
+                assert!(same(&got, &whole), "k={k} cut={cut}:\n{got:#?}\nwant\n{whole:#?}");
+                assert_eq!(shared.holds_back("orders"), whole.holds_back("orders"));
+            }
+            // a cut past what the checkpoint covers is not covered
+            let mut catchup = Catchup::default();
+            catchup.other(upto + 2);
+            let c = match &stream[upto as usize + 1] {
+                Entry::Checkpoint(c) => c.clone(),
+                _ => unreachable!(),
+            };
+            assert!(matches!(catchup.checkpoint(upto + 3, &c, rate()), Fold::Apply(v) if v.is_empty()));
+            assert!(catchup.uncovered());
+        }
     }
 
     #[test]

@@ -245,6 +245,9 @@ pub struct LadderSpec {
     pub release_rate: crate::model::lot::pace::Rate,
     /// The automatic hold, if on.
     pub auto_hold: Option<crate::model::holds::AutoHoldPolicy>,
+    /// How long a released destination's held queue must stay empty before it is deleted
+    /// ([`DEFAULT_HELD_QUEUE_GRACE`]; not configurable, tests shorten it).
+    pub held_queue_grace: Duration,
     /// `allow`'s verdicts on the destinations seen, shared by the spec's clones.
     verdicts: Arc<Verdicts>,
 }
@@ -293,6 +296,11 @@ impl Verdicts {
     }
 }
 
+/// A released destination's held queue is deleted once it stayed empty this long after the
+/// release ended: a replica that read the end of the release later than the one that deletes
+/// still routes into it meanwhile, and its stragglers are released, not returned.
+pub const DEFAULT_HELD_QUEUE_GRACE: Duration = Duration::from_secs(60);
+
 /// The release rate of a resume that names none: gentle, so a recovering service is not
 /// flooded (a thousand held messages take 100 s).
 pub const DEFAULT_RELEASE_RATE: crate::model::lot::pace::Rate = crate::model::lot::pace::Rate {
@@ -330,6 +338,7 @@ impl LadderSpec {
             senders: None,
             release_rate: DEFAULT_RELEASE_RATE,
             auto_hold: None,
+            held_queue_grace: DEFAULT_HELD_QUEUE_GRACE,
             verdicts: Arc::default(),
         };
         spec.set_exact_delays(true);

@@ -302,11 +302,17 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             older: None,
         });
     }
-    // destination holds: kept whole (a hold lasts until it is resumed, however long)
+    // destination holds: a hold lasts until it is resumed, however long, so the retention is by
+    // size, and the followers' checkpoints keep every live hold within it (model::holds)
     out.push(Declaration::Queue {
         name: names.holds.clone(),
-        args: vec![("x-queue-type", ArgValue::Str("stream".into()))],
-        older: None,
+        args: vec![
+            ("x-queue-type", ArgValue::Str("stream".into())),
+            ("x-max-length-bytes", ArgValue::Int(HOLDS_MAX_BYTES)),
+            ("x-stream-max-segment-size-bytes", ArgValue::Int(HOLDS_SEGMENT_BYTES)),
+        ],
+        // declared without a retention by earlier releases: kept, and the policy that adds it shown
+        older: Some(vec![("x-queue-type", ArgValue::Str("stream".into()))]),
     });
     out
 }
@@ -356,6 +362,16 @@ pub fn held_queue(names: &Names, spec: &LadderSpec, destination: &str) -> Declar
         older: None,
     }
 }
+
+/// The hold stream's retention: the broker removes its oldest segments past this size. It keeps
+/// at least this less one segment (7 MiB, some 25 000 hold records), far more than the
+/// `model::holds::CHECKPOINT_EVERY_BYTES` (1 to 1.5 MiB) between two checkpoints, so the
+/// retained part always begins within what a checkpoint covers.
+pub const HOLDS_MAX_BYTES: i64 = 8 * 1024 * 1024;
+
+/// The hold stream's segment size: retention removes whole segments, and the broker's default
+/// (500 MB) would keep everything.
+pub const HOLDS_SEGMENT_BYTES: i64 = 1024 * 1024;
 
 /// How long the cancellation stream keeps a record: a day more than the longest delay.
 pub const CANCELS_MAX_AGE: &str = "50D";

@@ -261,6 +261,29 @@ impl Drop for TestLadder {
     }
 }
 
+/// Deletes everything the plan of the config at a path declares when dropped, even if the test
+/// panicked: made as soon as the config file can be loaded, before anything is declared.
+pub struct Cleanup {
+    queues: Vec<String>,
+    exchanges: Vec<String>,
+}
+
+impl Cleanup {
+    /// For the config file at `path` (which must load: its secret files written first).
+    pub fn for_config(path: &Path) -> Self {
+        let config = ladder::config::load(path, &HashMap::new()).expect("test config is valid");
+        let (queues, exchanges) = declared_names(&config);
+        Cleanup { queues, exchanges }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (queues, exchanges) = (std::mem::take(&mut self.queues), std::mem::take(&mut self.exchanges));
+        delete_all_blocking(queues, exchanges);
+    }
+}
+
 /// The queues and the exchanges `config` declares, for cleanup.
 pub fn declared_names(config: &Config) -> (Vec<String>, Vec<String>) {
     let (mut queues, mut exchanges) = (vec![], vec![]);

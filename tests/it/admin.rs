@@ -375,3 +375,186 @@ async fn depths_read_in_parallel_stay_with_their_queues_and_a_missing_one_spoils
     }
     admin.stop().await;
 }
+
+/// A TCP hop in front of the broker that passes everything until told to cut the poller's
+/// connection (the one whose handshake names `…-poller`): then, at the poller's next write after
+/// the one in progress — a batch of passive declares, with the poll under way — it forwards that
+/// write and closes both sockets before any answer comes back. The poller sees its connection
+/// lost in the middle of a poll, with a real broker on the far side and no management call.
+struct Cutter {
+    port: u16,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    cuts: Arc<std::sync::atomic::AtomicUsize>,
+    connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Cutter {
+    async fn start() -> Cutter {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let uri: ladder_amqp::AmqpUri = amqp_url().parse().unwrap();
+        let broker = (uri.host.clone(), uri.port);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (armed, cuts, connections) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (a, c, n) = (armed.clone(), cuts.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(upstream) = tokio::net::TcpStream::connect(broker.clone()).await else {
+                    continue;
+                };
+                n.fetch_add(1, Ordering::SeqCst);
+                let kill = tokio_util::sync::CancellationToken::new();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut upstream_read, mut upstream_write) = upstream.into_split();
+                let (armed, cuts, to_client_kill) = (a.clone(), c.clone(), kill.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        tokio::select! {
+                            () = to_client_kill.cancelled() => return,
+                            read = upstream_read.read(&mut buf) => match read {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => if client_write.write_all(&buf[..n]).await.is_err() { return },
+                            },
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut seen = Vec::new();
+                    let mut poller = false;
+                    let mut writes_since_armed = 0;
+                    loop {
+                        let n = match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if !poller && seen.len() < 16 * 1024 {
+                            seen.extend_from_slice(&buf[..n]);
+                            poller = seen.windows(7).any(|w| w == b"-poller");
+                        }
+                        if upstream_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        if poller && armed.load(Ordering::SeqCst) {
+                            writes_since_armed += 1;
+                            // the write in progress when armed may end a poll; the next starts one
+                            if writes_since_armed == 2 {
+                                armed.store(false, Ordering::SeqCst);
+                                cuts.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                        }
+                    }
+                    // both sockets close: this half here, the other half's task on the token
+                    kill.cancel();
+                });
+            }
+        });
+        Cutter {
+            port,
+            armed,
+            cuts,
+            connections,
+        }
+    }
+
+    /// The broker's URL, through the hop.
+    fn url(&self) -> String {
+        let url = amqp_url();
+        let (scheme_user, rest) = url.rsplit_once('@').expect("a URL with user info");
+        let path = rest.find('/').map_or("", |i| &rest[i..]);
+        format!("{scheme_user}@127.0.0.1:{}{path}", self.port)
+    }
+
+    fn cut_next(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn cuts(&self) -> usize {
+        self.cuts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poller_connection_lost_mid_poll_costs_no_poll_and_raises_no_alarm() {
+    const CUTS: usize = 5;
+    let mut t = TestLadder::configure_with("admin-cut", FAST_POLLS, TEN_LONG).await;
+    t.start_service().await;
+    let cutter = Cutter::start().await;
+    let mut config = (*t.config).clone();
+    config.amqp.urls = vec![SecretUri::new(cutter.url())];
+    let admin = Arc::new(TestAdmin::start(Arc::new(config), t.state.clone()).await);
+    // something to account for: three retries waiting in the first tier throughout
+    let orders = t.queue_name("orders");
+    for i in 0..3 {
+        let body = format!("waiting {i}");
+        t.publish(&t.intake(), "", body.as_bytes(), retry_props(&orders, None))
+            .await;
+    }
+    admin
+        .wait_ladders("the accounting anchored with three waiting", |v| {
+            let l = &v["ladders"][0];
+            l["accounting"]["anchored"] == true && l["depths"]["delay.10m"] == 3 && v["broker_error"].is_null()
+        })
+        .await;
+
+    // every snapshot the admin server publishes from now on, seen every few milliseconds
+    let watching = tokio_util::sync::CancellationToken::new();
+    let watcher = {
+        let (admin, watching) = (admin.clone(), watching.clone());
+        tokio::spawn(async move {
+            let (mut polls, mut bad) = (std::collections::BTreeSet::new(), Vec::new());
+            while !watching.is_cancelled() {
+                let v = admin.ladders().await;
+                polls.insert(v["polled_at_ms"].as_u64());
+                let l = &v["ladders"][0];
+                if !v["broker_error"].is_null()
+                    || l["depths"].is_null()
+                    || l["depths"]["delay.10m"] != 3
+                    || l["accounting"]["unaccounted"] != 0
+                {
+                    bad.push(v);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            (polls.len(), bad)
+        })
+    };
+    for round in 1..=CUTS {
+        let connections = cutter.connections();
+        cutter.cut_next();
+        eventually("the poller's connection cut mid-poll", WAIT, async || {
+            (cutter.cuts() == round && cutter.connections() > connections).then_some(())
+        })
+        .await;
+        // a few polls on the new connection before the next cut
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    watching.cancel();
+    let (polls, bad) = tokio::time::timeout(WAIT, watcher).await.unwrap().unwrap();
+    assert!(
+        bad.is_empty(),
+        "{} of the snapshots failed or were off: {:#}",
+        bad.len(),
+        bad[0]
+    );
+    assert!(polls > CUTS * 2, "the poller kept polling: {polls} polls seen");
+    admin
+        .wait_metrics(&["ladder_unaccounted_alarms_total{ladder=\"default\"} 0"])
+        .await;
+    eprintln!(
+        "{CUTS} cuts, {} connections through the hop, {polls} polls seen, none failed",
+        cutter.connections()
+    );
+    Arc::into_inner(admin).expect("the watcher is done").stop().await;
+}

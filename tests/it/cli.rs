@@ -2,7 +2,6 @@
 //! temporary directory, their exit codes (0, 64 for a bad config, 69 for an unreachable
 //! broker), what they print, environment overrides, and that the AMQP password never shows.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -50,27 +49,6 @@ fn valid_config(hint: &str) -> (tempfile::TempDir, PathBuf, String) {
     let ns = unique_namespace(hint);
     let path = write_config(dir.path(), &ns, "", "default", LADDER);
     (dir, path, ns)
-}
-
-/// Deletes everything `config`'s plan declares when dropped, even if the test panicked.
-struct Cleanup {
-    queues: Vec<String>,
-    exchanges: Vec<String>,
-}
-
-impl Cleanup {
-    fn for_config(path: &Path) -> Self {
-        let config = ladder::config::load(path, &HashMap::new()).expect("test config is valid");
-        let (queues, exchanges) = declared_names(&config);
-        Cleanup { queues, exchanges }
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let (queues, exchanges) = (std::mem::take(&mut self.queues), std::mem::take(&mut self.exchanges));
-        delete_all_blocking(queues, exchanges);
-    }
 }
 
 #[tokio::test]
@@ -230,7 +208,10 @@ fn contract(ns: &str) -> Vec<String> {
         format!("binding  {n} -> exchange {n}.route key=\"\""),
         format!("unbind   {n} -> {n}.intake key=\"\""),
         format!("queue    {n}.parked durable x-queue-type=stream"),
-        format!("queue    {n}.holds durable x-queue-type=stream"),
+        format!(
+            "queue    {n}.holds durable x-queue-type=stream x-max-length-bytes=8388608 \
+             x-stream-max-segment-size-bytes=1048576"
+        ),
     ]
 }
 

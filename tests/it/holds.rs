@@ -808,3 +808,266 @@ async fn the_destinations_page_counts_the_messages_waiting_for_each_destination(
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
     admin.stop().await;
 }
+
+/// The offset of the first record of `stream` still there, and of its first hold record of
+/// `destination` (if retention left one).
+async fn first_offsets(t: &TestLadder, stream: &str, destination: &str) -> (u64, Option<u64>) {
+    let channel = t.client.create_channel().await.unwrap();
+    channel.basic_qos(100).await.unwrap();
+    let mut args = FieldTable::default();
+    args.set("x-stream-offset", ladder_amqp::FieldValue::string("first"));
+    let mut consumer = channel.basic_consume(stream, "", false, args).await.unwrap();
+    let offset_of = |d: &ladder_amqp::Delivery| {
+        d.properties
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("x-stream-offset"))
+            .and_then(ladder::model::protocol::as_u64)
+            .expect("a stream offset")
+    };
+    let first = tokio::time::timeout(WAIT, consumer.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (first_offset, mut hold) = (offset_of(&first), None);
+    let mut delivery = Some(first);
+    // the records up to a quiet moment: the stream's tail
+    while let Some(d) = delivery {
+        let record = ladder::model::holds::HoldRecord::from_slice(&d.body);
+        if hold.is_none() && record.is_some_and(|r| r.destination == destination) {
+            hold = Some(offset_of(&d));
+        }
+        channel.basic_ack(d.delivery_tag, false).unwrap();
+        delivery = match tokio::time::timeout(Duration::from_millis(500), consumer.next()).await {
+            Ok(Some(Ok(d))) => Some(d),
+            _ => None,
+        };
+    }
+    let _ = channel.close(200, "read").await;
+    (first_offset, hold)
+}
+
+/// Retention removes the hold stream's oldest segments (past `HOLDS_MAX_BYTES`): a hold recorded
+/// before the cut still holds on a replica that starts after it, because the followers'
+/// checkpoints carry it, and it resumes as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_older_than_the_hold_streams_retention_still_holds_on_a_new_replica() {
+    let mut t = TestLadder::configure_with("hold-retention", "", LADDER).await;
+    t.start_service().await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "before the cut")
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+    let stream = names(&t).holds;
+    let (_, hold) = first_offsets(&t, &stream, &orders).await;
+    let hold = hold.expect("the hold record");
+
+    // more than the retention, in records the followers skip (a MiB each), so the segment that
+    // holds the hold record is removed
+    let filler = vec![b'x'; 1024 * 1024];
+    let mib = ladder::model::plan::HOLDS_MAX_BYTES as usize / filler.len();
+    for _ in 0..mib + 4 {
+        let props = BasicProperties::default().with_type("lt.filler").with_delivery_mode(2);
+        t.publish("", &stream, &filler, props).await;
+    }
+    let (first, again) = first_offsets(&t, &stream, &orders).await;
+    assert!(
+        first > hold,
+        "retention cut the stream past the hold record ({first} > {hold})"
+    );
+    assert_eq!(again, None, "no hold record of orders is left");
+
+    // a replica that starts now reads the stream from its cut, and holds
+    let replica = Replica::start(&t).await;
+    held_in(&replica.2, &orders, true).await;
+    let holds = ladder::broker::holds::snapshot(&t.client, &names(&t), &spec)
+        .await
+        .unwrap();
+    let h = holds.get(&orders).expect("the hold is known");
+    assert_eq!((h.state, h.why.as_str()), (HoldState::Held, "before the cut"));
+    // and what comes due for orders waits, on either replica
+    let mut orders_in = t.consume(&orders).await;
+    for i in 0..6 {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("r{i}")))
+            .await;
+    }
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(),
+        "held after the cut"
+    );
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None)
+        .await
+        .unwrap();
+    let got = receive(&mut orders_in, 6).await;
+    let ids: HashSet<String> = got.iter().map(|d| message_id(d).to_string()).collect();
+    assert_eq!(ids.len(), 6, "all released once");
+    held_in(&replica.2, &orders, false).await;
+    held_in(&t.state, &orders, false).await;
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
+
+/// Whether `queue` exists (a passive declare on a channel of its own).
+async fn exists(t: &TestLadder, queue: &str) -> bool {
+    let channel = t.client.create_channel().await.unwrap();
+    let found = tokio::time::timeout(WAIT, channel.queue_inspect(queue))
+        .await
+        .expect("the broker answers");
+    match found {
+        Ok(_) => {
+            let _ = channel.close(200, "inspected").await;
+            true
+        }
+        Err(e) if e.reply_code() == Some(404) => false,
+        Err(e) => panic!("inspecting {queue}: {e}"),
+    }
+}
+
+/// The grace after which a released held queue is deleted, short for the tests.
+const GRACE: Duration = Duration::from_millis(1_500);
+
+/// Holds `orders`, lets failures for it come due all along (before the hold, while held, during
+/// the release, around the deletion of the held queue and after it), resumes, and checks that the
+/// held queue is deleted once empty for the grace, that the destination is forgotten, that every
+/// message arrived exactly once and none was parked; then holds it again (a new held queue) and
+/// releases that too.
+async fn held_queue_deleted_after_release(kind: &str, queue_type: &str, replicas: usize) {
+    let ladder = format!("{LADDER}\nqueue_type = \"{queue_type}\"");
+    let mut t = TestLadder::configure_with(kind, "", &ladder).await;
+    let mut config = (*t.config).clone();
+    config.ladders[0].held_queue_grace = GRACE;
+    t.config = Arc::new(config);
+    t.start_service().await;
+    let mut others = Vec::new();
+    for _ in 1..replicas {
+        others.push(Replica::start(&t).await);
+    }
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let held_queue = names(&t).held_queue(&orders);
+    t.track_queue(&held_queue);
+    let spec = t.config.ladders[0].clone();
+    let mut orders_in = t.consume(&orders).await;
+
+    // failures for orders, ten 40 ms apart then a second's pause, from now until told to stop
+    let sending = CancellationToken::new();
+    let sender = {
+        let (channel, intake, orders, sending) = (t.channel.clone(), t.intake(), orders.clone(), sending.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !sending.is_cancelled() {
+                publish(&channel, &intake, "", b"o", failure(&orders, &format!("s{n:04}"))).await;
+                n += 1;
+                // bursts with a pause: a release ends only once its held queue is idle (500 ms)
+                let pause = if n % 10 == 0 { 1_000 } else { 40 };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            n
+        })
+    };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let take = async |consumer: &mut TestConsumer, within: Duration, seen: &mut HashMap<String, usize>| {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if let Some(d) = next_within(consumer, Duration::from_millis(50)).await {
+                *seen.entry(message_id(&d).to_string()).or_default() += 1;
+                consumer.ack(&d);
+            }
+        }
+    };
+    for round in 0..2 {
+        take(&mut orders_in, Duration::from_millis(400), &mut seen).await;
+        ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "deleted after")
+            .await
+            .unwrap();
+        held_in(&t.state, &orders, true).await;
+        for r in &others {
+            held_in(&r.2, &orders, true).await;
+        }
+        take(&mut orders_in, Duration::from_millis(800), &mut seen).await;
+        ladder::broker::holds::resume(
+            &t.client,
+            &names(&t),
+            &spec,
+            &orders,
+            "test",
+            Some("100/s".parse().unwrap()),
+        )
+        .await
+        .unwrap();
+        held_in(&t.state, &orders, false).await;
+        // the held queue goes once it stayed empty for the grace, on every replica's word
+        let until = Instant::now() + WAIT;
+        while exists(&t, &held_queue).await {
+            assert!(Instant::now() < until, "round {round}: the held queue was not deleted");
+            take(&mut orders_in, Duration::from_millis(100), &mut seen).await;
+        }
+        eventually("every replica forgets the destination", WAIT, async || {
+            let gone = |state: &State| {
+                let runtime = state.ladder("default").unwrap();
+                runtime.holds.snapshot().get(&orders).is_none()
+            };
+            (gone(&t.state) && others.iter().all(|r| gone(&r.2))).then_some(())
+        })
+        .await;
+        take(&mut orders_in, Duration::from_millis(400), &mut seen).await;
+    }
+    sending.cancel();
+    let sent = tokio::time::timeout(WAIT, sender).await.unwrap().unwrap();
+    let until = Instant::now() + WAIT;
+    while seen.len() < sent && Instant::now() < until {
+        take(&mut orders_in, Duration::from_millis(200), &mut seen).await;
+    }
+    take(&mut orders_in, Duration::from_millis(300), &mut seen).await;
+    assert_eq!(seen.len(), sent, "every one of {sent} delivered");
+    assert!(seen.values().all(|k| *k == 1), "none twice: {seen:?}");
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+    assert!(!exists(&t, &held_queue).await);
+    eprintln!("{kind}: {sent} delivered once, the held queue deleted twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_quorum_held_queue_is_deleted_after_its_grace_and_nothing_is_lost() {
+    held_queue_deleted_after_release("held-del-q", "quorum", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_classic_held_queue_is_deleted_with_two_replicas_and_nothing_is_lost() {
+    held_queue_deleted_after_release("held-del-c", "classic", 2).await;
+}
+
+/// A replica that routes into a held queue already deleted (it had not read the end of the
+/// release yet; here: the queue deleted by hand while held) gets its publish back: the message
+/// is not parked but waits in a tier, and is delivered once the release ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_message_whose_held_queue_is_gone_waits_and_is_delivered_after_the_release() {
+    let mut t = TestLadder::configure_with("held-gone", "", LADDER).await;
+    t.start_service().await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let held_queue = names(&t).held_queue(&orders);
+    t.track_queue(&held_queue);
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "gone")
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+    t.channel.queue_delete(&held_queue).await.unwrap();
+    let mut orders_in = t.consume(&orders).await;
+    for i in 0..8 {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("g{i}")))
+            .await;
+    }
+    assert!(
+        next_within(&mut orders_in, Duration::from_secs(2)).await.is_none(),
+        "still held"
+    );
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None)
+        .await
+        .unwrap();
+    let got = receive(&mut orders_in, 8).await;
+    let ids: HashSet<String> = got.iter().map(|d| message_id(d).to_string()).collect();
+    assert_eq!(ids.len(), 8, "all delivered once");
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}

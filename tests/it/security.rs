@@ -643,11 +643,14 @@ async fn secrets_read_from_files_never_appear_in_any_output() {
         url.to_string()
     };
     let debug = [("RUST_LOG", "debug")];
-    let config = ladder::config::load(&path, &HashMap::new());
     let mut outputs = Vec::new();
 
     // the broker refuses the password: every command that connects says so, masked
     std::fs::write(secrets.join("amqp-url"), url_with(PASSWORD)).unwrap();
+    // Regression: the cleanup loaded the config before its url_file existed, so it never ran and
+    // `apply` and `run` left ten `lt-secretfiles-*` objects behind on every run. Now it loads
+    // once every file is there, and deletes them when dropped, whatever happens.
+    let _cleanup = Cleanup::for_config(&path);
     for command in [&["check"][..], &["plan"], &["apply"], &["parked", "list"]] {
         outputs.push((command.join(" "), ladder_output(&path, command, &debug).await));
     }
@@ -704,9 +707,6 @@ async fn secrets_read_from_files_never_appear_in_any_output() {
                 );
             }
         }
-    }
-    if let Ok(config) = config {
-        delete_all(declared_names(&config).0, declared_names(&config).1).await;
     }
 }
 
