@@ -391,3 +391,70 @@ async fn regression_deeply_nested_header_is_parked_not_a_crash() {
         t.log_tail(1)
     );
 }
+
+/// Repeat failures the broker routes past the intake (`retry-next`) while the service is killed
+/// and started again: every message still reaches its last retry, none is lost, none is counted
+/// twice (a retry delivered again after the kill carries the same attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeat_failures_routed_past_the_intake_survive_a_kill() {
+    const MESSAGES: usize = 300;
+    let (mut t, conn, ch, _) = serving("crash-routed").await;
+    let names = t.names.clone();
+    // dead-letter mode: the destination rejects into the ladder's exchange
+    let orders = format!("{}-dl-orders", t.ns());
+    t.queues.push(orders.clone());
+    let mut args = FieldTable::default();
+    args.set("x-dead-letter-exchange", text(&names.intake_exchange));
+    let durable = ladder_amqp::QueueOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(&orders, durable, args).await.unwrap();
+    let ids: Vec<String> = (0..MESSAGES).map(|i| format!("r{i}")).collect();
+    let confirms: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let props = BasicProperties::default().with_message_id(id.as_str()).with_delivery_mode(2);
+            ch.basic_publish("", &orders, true, &props, b"order").unwrap()
+        })
+        .collect();
+    let confirmed = tokio::time::timeout(WAIT, try_join_all(confirms)).await.unwrap().unwrap();
+    assert!(confirmed.iter().all(|c| *c == Confirmation::Ack));
+
+    // the consumer fails the original and the first retry, and takes the second (the last the
+    // ladder allows): attempt 1 comes through the intake, attempt 2 is routed past it
+    let mut destination = consumer(&conn, &orders, FieldTable::default()).await;
+    let mut done: HashSet<String> = HashSet::new();
+    let mut killed = false;
+    let deadline = Instant::now() + DRAIN_WAIT * 2;
+    while done.len() < MESSAGES {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {MESSAGES} reached their last retry; missing e.g. {:?}",
+            done.len(),
+            ids.iter().find(|id| !done.contains(*id))
+        );
+        let Some(d) = next_within(&mut destination, Duration::from_millis(500)).await else {
+            continue;
+        };
+        let attempt = int_header(&d, "retry-attempt").unwrap_or(0);
+        assert!(attempt <= 2, "attempt {attempt}: a retry counted twice");
+        if attempt < 2 {
+            destination.reject(&d, false);
+        } else {
+            done.insert(message_id(&d.properties));
+            destination.ack(&d);
+        }
+        if !killed && done.len() >= MESSAGES / 10 {
+            // mid-flight: repeat failures wait in the tiers, some are in the due hop's hands
+            let status = t.kill().await;
+            assert_eq!(status.signal(), Some(9));
+            killed = true;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            t.spawn();
+        }
+    }
+    assert!(killed, "the kill happened");
+    let parked = read_parked(&conn, &names.parked, 0).await;
+    assert!(parked.is_empty(), "nothing parked: {:?}", parked.iter().map(|p| &p.reason).collect::<Vec<_>>());
+}
