@@ -454,7 +454,8 @@ impl Drop for Collector {
     }
 }
 
-fn parse_body(data: &[u8]) -> Option<(u32, u64, u64, u64)> {
+/// The benchmark body ([`body`]): step, sequence number, send time (ms), delay (ms).
+pub fn parse_body(data: &[u8]) -> Option<(u32, u64, u64, u64)> {
     let text = std::str::from_utf8(data).ok()?;
     let mut it = text.split(' ');
     if it.next()? != "B" {

@@ -21,16 +21,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use ladder::broker::topology::{self, Names};
 use ladder::model::ladder::LadderSpec;
-use ladder_amqp::{BasicProperties, Channel, Confirmation, Connection, FieldTable, FieldValue};
+use ladder_amqp::{BasicProperties, Channel, Connection, FieldTable, FieldValue};
 use serde::Serialize;
-use tokio::task::JoinHandle;
 
-use crate::broker::{self, Collector, Msg, OP_TIMEOUT, Registry, Sample, body, confirm_channel, connect, text};
-use crate::now_ms;
+use crate::broker::{self, Collector, Msg, Registry, Sample, body, confirm_channel, connect, text};
+use crate::failer::{Fail, Failer};
 use crate::procs::{self, Child};
 use crate::report::{Machine, thousands};
 use crate::stats::{Pcts, pcts};
@@ -286,27 +283,35 @@ pub fn levels(spec: &LadderSpec, ms: u64) -> (Vec<String>, u64) {
     (out, waited - ms)
 }
 
-/// One running `ladder run` and what is needed to drive it.
-struct Service {
-    url: String,
-    ns: String,
+/// One running `ladder run` and what is needed to drive it (also used by `ladder-bench native`).
+pub(crate) struct Service {
+    pub(crate) url: String,
+    pub(crate) ns: String,
     config: ladder::config::Config,
-    child: Child,
-    ctl: Connection,
-    publish_conn: Connection,
-    publish_ch: Channel,
-    consume: Connection,
-    broker_pid: Option<u32>,
-    version: String,
+    pub(crate) child: Child,
+    pub(crate) ctl: Connection,
+    pub(crate) publish_conn: Connection,
+    pub(crate) publish_ch: Channel,
+    pub(crate) consume: Connection,
+    pub(crate) broker_pid: Option<u32>,
+    pub(crate) version: String,
+}
+
+/// A ladder file: `backoff = [step]`, the namespace's queues allowed, quorum tiers dead-lettering
+/// at-least-once, then `extra` (more keys, or tables such as `[auto_hold]`, which go last).
+pub(crate) fn ladder_file(ns: &str, step: &str, extra: &str) -> String {
+    format!(
+        "backoff = [\"{step}\"]\nallow = [\"^{ns}-\"]\nqueue_type = \"quorum\"\ndead_letter_strategy = \"at-least-once\"\n{extra}"
+    )
 }
 
 impl Service {
-    /// Writes the config for `ladders` (name, backoff) in namespace `ns`, starts the service
-    /// and waits until it consumes every intake and due queue.
-    async fn start(
+    /// Writes the config for `ladders` (name, ladder file: [`ladder_file`]) in namespace `ns`,
+    /// starts the service and waits until it consumes every intake and due queue.
+    pub(crate) async fn start(
         url: &str,
         ns: &str,
-        ladders: &[(&str, &str)],
+        ladders: &[(&str, String)],
         work: &Path,
         ladder_bin: &Path,
         registry: &Registry,
@@ -320,13 +325,8 @@ impl Service {
                 "namespace = \"{ns}\"\nshutdown_grace = \"5s\"\n[amqp]\nurl = \"{url}\"\nconnection_name = \"ladder-bench-delays\"\n"
             ),
         )?;
-        for (name, backoff) in ladders {
-            std::fs::write(
-                dir.join("ladders").join(format!("{name}.toml")),
-                format!(
-                    "backoff = [\"{backoff}\"]\nallow = [\"^{ns}-\"]\nqueue_type = \"quorum\"\ndead_letter_strategy = \"at-least-once\"\n"
-                ),
-            )?;
+        for (name, file) in ladders {
+            std::fs::write(dir.join("ladders").join(format!("{name}.toml")), file)?;
         }
         let config = ladder::config::load(&path, &HashMap::new()).map_err(|e| anyhow!("{e}"))?;
         registry.plan(&topology::plan(&config, topology::BrokerVersion::LATEST));
@@ -387,7 +387,7 @@ impl Service {
         })
     }
 
-    fn spec(&self, ladder: &str) -> &LadderSpec {
+    pub(crate) fn spec(&self, ladder: &str) -> &LadderSpec {
         self.config
             .ladders
             .iter()
@@ -395,17 +395,17 @@ impl Service {
             .expect("the bench configured this ladder")
     }
 
-    fn names(&self, ladder: &str) -> Names {
+    pub(crate) fn names(&self, ladder: &str) -> Names {
         Names::new(&self.ns, ladder)
     }
 
     /// A level's (or step's) queue.
-    fn tier_queue(&self, ladder: &str, tier: &str) -> String {
+    pub(crate) fn tier_queue(&self, ladder: &str, tier: &str) -> String {
         format!("{}.delay.{tier}", self.names(ladder).intake_exchange)
     }
 
     /// (ladder CPU, broker CPU) now.
-    fn cpu(&mut self) -> Result<(Duration, Duration)> {
+    pub(crate) fn cpu(&mut self) -> Result<(Duration, Duration)> {
         let ladder = self.child.stat().context("the ladder service (see its log)")?.cpu;
         let broker = self
             .broker_pid
@@ -415,7 +415,7 @@ impl Service {
         Ok((ladder, broker))
     }
 
-    fn host_port(&self) -> String {
+    pub(crate) fn host_port(&self) -> String {
         self.url
             .parse::<ladder_amqp::AmqpUri>()
             .map(|u| format!("{}:{}", u.host, u.port))
@@ -788,7 +788,7 @@ fn judge(
 }
 
 /// Waits up to [`IDLE_WAIT`] for `queues` to empty, then purges what is left.
-async fn settle(ctl: &Connection, queues: &[String]) -> Result<()> {
+pub(crate) async fn settle(ctl: &Connection, queues: &[String]) -> Result<()> {
     if !broker::wait_empty(ctl, queues, IDLE_WAIT).await? {
         for q in queues {
             broker::purge(ctl, q).await?;
@@ -905,148 +905,6 @@ async fn memory_inner(svc: &mut Service, registry: &Registry, queue: &str, out: 
     Ok(())
 }
 
-/// Redeliveries seen by a [`Failer`], per step.
-#[derive(Default)]
-struct Seen {
-    samples: HashMap<u32, Vec<Sample>>,
-    late: HashMap<u32, u64>,
-}
-
-/// How a [`Failer`] fails a message.
-#[derive(Clone)]
-enum Fail {
-    /// `basic.reject` with requeue: the queue's own delayed retry brings it back.
-    Reject,
-    /// Republish to the ladder's intake exchange with `retry-to` (as a consumer does), ack once
-    /// confirmed.
-    Ladder { intake: String, publish: Channel },
-}
-
-/// A consumer that fails every message once and records its second delivery (lateness against
-/// publish time + 1 s).
-struct Failer {
-    seen: Arc<Mutex<Seen>>,
-    task: JoinHandle<()>,
-}
-
-impl Failer {
-    async fn start(conn: &Connection, queue: &str, fail: Fail) -> Result<Self> {
-        let ch = broker::bounded("open channel", OP_TIMEOUT, conn.create_channel()).await?;
-        broker::bounded("qos", OP_TIMEOUT, ch.basic_qos(2000)).await?;
-        let mut consumer = broker::bounded(
-            &format!("consume {queue}"),
-            OP_TIMEOUT,
-            ch.basic_consume(queue, "", false, FieldTable::new()),
-        )
-        .await?;
-        let seen: Arc<Mutex<Seen>> = Arc::default();
-        let sink = seen.clone();
-        let queue = queue.to_string();
-        let task = tokio::spawn(async move {
-            let mut confirms = FuturesUnordered::new();
-            loop {
-                let d = tokio::select! {
-                    d = consumer.next() => match d {
-                        Some(Ok(d)) => d,
-                        _ => break,
-                    },
-                    Some((tag, c)) = confirms.next(), if !confirms.is_empty() => {
-                        let c: ladder_amqp::Result<Confirmation> = c;
-                        let ok = matches!(c, Ok(Confirmation::Ack));
-                        // a refused republish goes back to the queue, as a failed consumer's would
-                        let _ = if ok { ch.basic_ack(tag, false) } else { ch.basic_reject(tag, true) };
-                        continue;
-                    }
-                };
-                let headers = d.properties.headers.as_ref();
-                let first = match &fail {
-                    Fail::Reject => {
-                        !d.redelivered
-                            && headers
-                                .and_then(|h| h.get("x-delivery-count"))
-                                .and_then(broker::int_value)
-                                .unwrap_or(0)
-                                == 0
-                    }
-                    Fail::Ladder { .. } => headers.and_then(|h| h.get("retry-attempt")).is_none(),
-                };
-                if first {
-                    match &fail {
-                        Fail::Reject => {
-                            let _ = ch.basic_reject(d.delivery_tag, true);
-                        }
-                        Fail::Ladder { intake, publish } => {
-                            let mut h = headers.cloned().unwrap_or_default();
-                            h.set("retry-to", text(&queue));
-                            let props = d.properties.clone().with_headers(h);
-                            match publish.basic_publish(intake, "", true, &props, &d.body) {
-                                Ok(c) => confirms.push(async move { (d.delivery_tag, c.await) }),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    continue;
-                }
-                let recv_ms = now_ms();
-                if let Some((step, seq, sent_ms, delay_ms)) = parse(&d.body) {
-                    let s = Sample {
-                        seq,
-                        sent_ms,
-                        delay_ms,
-                        recv_ms,
-                        due_at_ms: None,
-                    };
-                    let mut g = sink.lock().unwrap();
-                    if s.late_e2e() > LATE_MS {
-                        *g.late.entry(step).or_default() += 1;
-                    }
-                    g.samples.entry(step).or_default().push(s);
-                }
-                let _ = ch.basic_ack(d.delivery_tag, false);
-            }
-        });
-        Ok(Failer { seen, task })
-    }
-
-    fn progress(&self, step: u32) -> (u64, u64) {
-        let g = self.seen.lock().unwrap();
-        (
-            g.samples.get(&step).map_or(0, |v| v.len() as u64),
-            g.late.get(&step).copied().unwrap_or(0),
-        )
-    }
-
-    fn take(&self, step: u32) -> Vec<Sample> {
-        let mut g = self.seen.lock().unwrap();
-        g.late.remove(&step);
-        let mut v = g.samples.remove(&step).unwrap_or_default();
-        v.sort_by_key(|s| (s.seq, s.recv_ms));
-        v.dedup_by_key(|s| s.seq);
-        v
-    }
-}
-
-impl Drop for Failer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The benchmark body: `B <step> <seq> <sent_ms> <delay_ms> …`.
-fn parse(data: &[u8]) -> Option<(u32, u64, u64, u64)> {
-    let text = std::str::from_utf8(data).ok()?;
-    let mut it = text.split(' ');
-    if it.next()? != "B" {
-        return None;
-    }
-    Some((
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-        it.next()?.parse().ok()?,
-    ))
-}
-
 /// Part 4: on a ≥ 4.3 node, the queue's own delayed retry (reject, requeue, back after 1 s)
 /// against the ladder's 1 s retry, a consumer failing every message once on both sides.
 async fn native(svc: &mut Service, registry: &Registry, plan: &Plan) -> Result<Native> {
@@ -1062,7 +920,7 @@ async fn native(svc: &mut Service, registry: &Registry, plan: &Plan) -> Result<N
     args.set("x-queue-type", text("quorum"));
     broker::declare_queue(&svc.ctl, registry, &work_q, args).await?;
     let failers = [
-        Failer::start(&svc.consume, &native_q, Fail::Reject).await?,
+        Failer::start(&svc.consume, &native_q, Fail::Reject, 1).await?,
         Failer::start(
             &svc.consume,
             &work_q,
@@ -1070,6 +928,7 @@ async fn native(svc: &mut Service, registry: &Registry, plan: &Plan) -> Result<N
                 intake: svc.names(RETRY).intake_exchange,
                 publish: confirm_channel(&svc.consume).await?,
             },
+            1,
         )
         .await?,
     ];
@@ -1135,7 +994,7 @@ async fn native(svc: &mut Service, registry: &Registry, plan: &Plan) -> Result<N
                 .await?;
                 let stopped = wait_on_failer(failer, id, published.confirmed, late_limit, published.stopped).await;
                 let after = svc.cpu()?;
-                let samples = failer.take(id);
+                let samples = failer.take(id).samples;
                 let mut r = judge(rate, plan.step_secs, &published, stopped, &samples, before, after);
                 if i == 0 {
                     // the ladder does nothing for the native side
@@ -1204,7 +1063,7 @@ async fn wait_on_failer(failer: &Failer, id: u32, confirmed: u64, late_limit: u6
 }
 
 /// Whether the broker at the other end is RabbitMQ 4.3 or later.
-fn at_least_4_3(version: &str) -> bool {
+pub(crate) fn at_least_4_3(version: &str) -> bool {
     let v: Vec<u32> = version
         .split_whitespace()
         .last()
@@ -1229,7 +1088,10 @@ pub async fn measure(
     let mut svc = Service::start(
         url,
         &ns,
-        &[(SCHED, "16ms"), (RETRY, "1s")],
+        &[
+            (SCHED, ladder_file(&ns, "16ms", "")),
+            (RETRY, ladder_file(&ns, "1s", "")),
+        ],
         work,
         ladder_bin,
         registries.0,
@@ -1265,7 +1127,15 @@ pub async fn measure(
         }
     };
     let ns = format!("bench-{}-1", std::process::id());
-    let mut svc = Service::start(native_url, &ns, &[(RETRY, "1s")], work, ladder_bin, registries.1).await?;
+    let mut svc = Service::start(
+        native_url,
+        &ns,
+        &[(RETRY, ladder_file(&ns, "1s", ""))],
+        work,
+        ladder_bin,
+        registries.1,
+    )
+    .await?;
     if !at_least_4_3(&svc.version) {
         shared.lock().unwrap().native_skipped = Some(format!(
             "{} is {}: no native delayed retry before RabbitMQ 4.3",

@@ -13,8 +13,10 @@
 mod broker;
 mod decide;
 mod delays;
+mod failer;
 mod hold;
 mod minimal_relay;
+mod native;
 mod parking;
 mod plot;
 mod procs;
@@ -137,6 +139,15 @@ enum Sub {
         #[arg(long)]
         native_url: Option<String>,
     },
+    /// RabbitMQ 4.3's native delayed retry beside Ladder (dead-letter mode) on one ≥ 4.3 node
+    /// (`--url`), same publisher and consumer, in turns: CPU per retry (broker + Ladder), broker
+    /// CPU, lateness, lost and duplicates, and the ratios (`benchmarks/native.md`; `--rates`,
+    /// default 300,1000 retries/s).
+    Native(native::NativeArgs),
+    /// A destination fails every message for `--outage`, then recovers: native 4.3, Ladder and
+    /// Ladder with `auto_hold` on one ≥ 4.3 node (`--url`): broker CPU, deliveries wasted on the
+    /// failing consumer, lost, time to drain (`benchmarks/native.md`).
+    Outage(native::OutageArgs),
     /// Puts several runs' results.json together: CPU per retry of ladder and relay per run and
     /// rate, the mean ratio over the runs with a 95 % interval, and all runs pooled.
     Runs {
@@ -186,6 +197,22 @@ fn main() -> ExitCode {
             }
         },
         Some(Sub::Delays { ref native_url }) => match runtime.block_on(delays_bench(&cli, native_url.as_deref())) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("ladder-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Sub::Native(ref args)) => match runtime.block_on(native_bench(&cli, args)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("ladder-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Sub::Outage(ref args)) => match runtime.block_on(outage_bench(&cli, args)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -310,6 +337,112 @@ async fn delays_bench(cli: &Cli, native_url: Option<&str>) -> Result<bool> {
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("wrote {}", md.display());
     Ok(clean)
+}
+
+/// Deletes everything `registry` remembers from the broker at `url` and checks that nothing is
+/// left; returns whether that held.
+async fn clean_up(registry: &Registry, url: &str) -> bool {
+    eprintln!("cleaning up: deleting every queue and exchange the benchmark declared");
+    let names = registry.snapshot();
+    let failures = registry.delete_all(url).await;
+    for f in &failures {
+        eprintln!("ladder-bench: cleanup: {f}");
+    }
+    let leftovers = still_there(url, &names).await;
+    if !leftovers.is_empty() {
+        eprintln!(
+            "ladder-bench: still on the broker after cleanup: {}",
+            leftovers.join(", ")
+        );
+    }
+    let clean = failures.is_empty() && leftovers.is_empty();
+    eprintln!(
+        "cleanup: {} queues and exchanges deleted; {}",
+        names.len(),
+        if clean {
+            "nothing left on the broker"
+        } else {
+            "SOME REMAIN"
+        }
+    );
+    clean
+}
+
+/// `ladder-bench native`; `Ok(false)` when a message was lost (`--smoke`) or something it
+/// declared could not be deleted.
+async fn native_bench(cli: &Cli, args: &native::NativeArgs) -> Result<bool> {
+    let ladder_bin = ladder_bin(cli)?;
+    let plan = native::NativePlan::new(args, &cli.rates, cli.smoke);
+    let work = std::env::temp_dir().join(format!("ladder-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let mut results = native::NativeResults {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: utc_now(),
+        machine: Machine::detect(),
+        load_start: procs::loadavg(),
+        failures: plan.failures,
+        secs: plan.secs,
+        rounds: plan.rounds,
+        ..Default::default()
+    };
+    let registry = Registry::default();
+    let outcome = tokio::select! {
+        r = native::measure_native(&cli.url, &plan, &work, &ladder_bin, &registry, &mut results) => r,
+        signal = interrupted() => Err(anyhow!("{signal}: stopped")),
+    };
+    let clean = clean_up(&registry, &cli.url).await;
+    outcome.with_context(|| format!("logs of the service are in {}", work.display()))?;
+    results.finished = utc_now();
+    results.load_end = procs::loadavg();
+    let md = native::native_markdown(&results);
+    println!("{md}");
+    if let Some(out) = &cli.out {
+        let path = native::write(out, "native", &results, &md)?;
+        eprintln!("wrote {}", path.display());
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    let problems = native::native_problems(&results);
+    for p in &problems {
+        eprintln!("ladder-bench native: {p}");
+    }
+    Ok(clean && problems.is_empty())
+}
+
+/// `ladder-bench outage`; `Ok(false)` when a message was lost or something it declared could not
+/// be deleted.
+async fn outage_bench(cli: &Cli, args: &native::OutageArgs) -> Result<bool> {
+    let ladder_bin = ladder_bin(cli)?;
+    let plan = native::OutagePlan::new(args, cli.smoke)?;
+    let work = std::env::temp_dir().join(format!("ladder-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let mut results = native::OutageResults {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started: utc_now(),
+        machine: Machine::detect(),
+        load_start: procs::loadavg(),
+        ..Default::default()
+    };
+    let registry = Registry::default();
+    let outcome = tokio::select! {
+        r = native::measure_outage(&cli.url, &plan, &work, &ladder_bin, &registry, &mut results) => r,
+        signal = interrupted() => Err(anyhow!("{signal}: stopped")),
+    };
+    let clean = clean_up(&registry, &cli.url).await;
+    outcome.with_context(|| format!("logs of the service are in {}", work.display()))?;
+    results.finished = utc_now();
+    results.load_end = procs::loadavg();
+    let md = native::outage_markdown(&results);
+    println!("{md}");
+    if let Some(out) = &cli.out {
+        let path = native::write(out, "outage", &results, &md)?;
+        eprintln!("wrote {}", path.display());
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    let problems = native::outage_problems(&results);
+    for p in &problems {
+        eprintln!("ladder-bench outage: {p}");
+    }
+    Ok(clean && problems.is_empty())
 }
 
 /// `ladder-bench parking`; `Ok(false)` when something it declared could not be deleted.

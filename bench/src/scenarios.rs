@@ -203,6 +203,35 @@ impl Profile {
     }
 }
 
+/// Waits until the broker `pid` used less than [`QUIET_BROKER`] of a core over a
+/// [`QUIET_SAMPLE`], at most `within`; returns the seconds waited (0 without a pid).
+pub async fn broker_quiet(pid: Option<u32>, within: Duration) -> f64 {
+    let Some(pid) = pid else { return 0.0 };
+    let started = Instant::now();
+    loop {
+        let Ok(before) = procs::stat(pid) else { return 0.0 };
+        tokio::time::sleep(QUIET_SAMPLE).await;
+        let Ok(after) = procs::stat(pid) else { return 0.0 };
+        let busy = after.cpu.saturating_sub(before.cpu).as_secs_f64() / QUIET_SAMPLE.as_secs_f64();
+        let waited = started.elapsed();
+        if busy < QUIET_BROKER || waited >= within {
+            if waited >= Duration::from_secs(5) {
+                eprintln!(
+                    "  the broker took {:.0} s to go quiet ({:.2} of a core{})",
+                    waited.as_secs_f64(),
+                    busy,
+                    if busy < QUIET_BROKER {
+                        ""
+                    } else {
+                        ", still busy: stepping anyway"
+                    }
+                );
+            }
+            return waited.as_secs_f64();
+        }
+    }
+}
+
 /// One side of a comparison: where to publish, what to watch, whose CPU to read.
 struct Target {
     label: &'static str,
@@ -540,30 +569,7 @@ impl Bench {
     /// healthy step takes 2.5–4, and missed). Both processes wait alike. Without the broker's
     /// pid (a broker elsewhere) it does not wait.
     async fn broker_quiet(&self, within: Duration) -> f64 {
-        let Some(pid) = self.broker_pid else { return 0.0 };
-        let started = Instant::now();
-        loop {
-            let Ok(before) = procs::stat(pid) else { return 0.0 };
-            tokio::time::sleep(QUIET_SAMPLE).await;
-            let Ok(after) = procs::stat(pid) else { return 0.0 };
-            let busy = after.cpu.saturating_sub(before.cpu).as_secs_f64() / QUIET_SAMPLE.as_secs_f64();
-            let waited = started.elapsed();
-            if busy < QUIET_BROKER || waited >= within {
-                if waited >= Duration::from_secs(5) {
-                    eprintln!(
-                        "  the broker took {:.0} s to go quiet ({:.2} of a core{})",
-                        waited.as_secs_f64(),
-                        busy,
-                        if busy < QUIET_BROKER {
-                            ""
-                        } else {
-                            ", still busy: stepping anyway"
-                        }
-                    );
-                }
-                return waited.as_secs_f64();
-            }
-        }
+        broker_quiet(self.broker_pid, within).await
     }
 
     fn target(&self, label: &str, cfg: &str) -> usize {

@@ -1,0 +1,1022 @@
+//! `ladder-bench native` and `ladder-bench outage`: Ladder beside RabbitMQ 4.3's native
+//! quorum-queue delayed retry, on the same ≥ 4.3 node, with the same publisher and the same
+//! failing consumer ([`Failer`]); see `benchmarks/native.md`.
+//!
+//! - **native**: 1 s retries, each message failing `--failures` times, at each of `--rates`
+//!   retries per second; windows taken in turns (native, Ladder, native, Ladder, …). Per 10 000
+//!   retries: total CPU (broker + the `ladder run` process; native has no service process),
+//!   broker CPU alone, lateness of every retry (receive − (failure + 1 s)), lost and duplicates.
+//! - **outage**: a destination fails every message for `--outage` while `--rate` messages per
+//!   second are published to it, then recovers; for native, Ladder and Ladder with `auto_hold`:
+//!   broker and Ladder CPU, deliveries wasted on the failing consumer, lost, time to drain.
+//!
+//! Native side: a quorum queue with `x-delayed-retry-type: failed`, `x-delayed-retry-min` =
+//! `x-delayed-retry-max` = 1000 ms and a delivery limit above any count the run can reach; the
+//! consumer rejects with requeue. Ladder side: the real `ladder run`, ladder `retry` with
+//! `backoff = ["1s"]`, in dead-letter mode: its work queue (quorum) dead-letters into the
+//! ladder's exchange and the consumer rejects without requeue. Everything declared is deleted at
+//! the end; no broker is stopped or restarted.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use ladder_amqp::{BasicProperties, FieldTable, FieldValue};
+use serde::Serialize;
+
+use crate::broker::{self, Msg, Registry, body, text};
+use crate::delays::{Service, at_least_4_3, ladder_file, settle};
+use crate::failer::{Fail, Failer};
+use crate::procs;
+use crate::report::{Machine, thousands};
+use crate::scenarios::broker_quiet;
+use crate::stats::{Pcts, pcts};
+
+/// The retry delay of both sides, ms.
+const DELAY_MS: u64 = 1000;
+/// The ladder without a hold, and the one with `auto_hold`.
+const RETRY: &str = "retry";
+const AUTO: &str = "autohold";
+/// Publishes in flight (unconfirmed) at once.
+const WINDOW: usize = 20_000;
+/// After a window's last publish, how long past its last retry every message may take.
+const DRAIN: Duration = Duration::from_secs(20);
+/// Before a window, at most this long for the broker to go quiet.
+const QUIET_WAIT: Duration = Duration::from_secs(30);
+
+/// `ladder-bench native`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NativeArgs {
+    /// Failures per message: each is a retry (the rate is in retries per second).
+    #[arg(long, default_value_t = 1)]
+    pub failures: u32,
+    /// Publishing seconds of one window (default 10; --smoke: 2).
+    #[arg(long)]
+    pub secs: Option<f64>,
+    /// Windows per side and rate, taken in turns: native, Ladder, native, Ladder, … (default 2;
+    /// --smoke: 1).
+    #[arg(long)]
+    pub rounds: Option<u32>,
+}
+
+/// `ladder-bench outage`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct OutageArgs {
+    /// How long the destination fails every message (default 5m; --smoke: 10s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub outage: Option<Duration>,
+    /// Messages per second published to the destination during the outage (default 500;
+    /// --smoke: 100).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// The auto-hold ladder's `release_rate`: how fast its held queue drains after the resume.
+    #[arg(long, default_value = "1000/s")]
+    pub release_rate: String,
+    /// After recovery, how long the backlog may take to drain; what is not back by then counts
+    /// as lost (default: 5 minutes + twice the outage).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub drain_timeout: Option<Duration>,
+    /// Only these sides (comma-separated: native, ladder, auto-hold).
+    #[arg(long, value_delimiter = ',')]
+    pub sides: Vec<String>,
+}
+
+/// One window of one side.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Window {
+    /// `native` or `ladder`.
+    pub side: String,
+    /// Retries per second offered.
+    pub rate: f64,
+    /// 1, 2, …
+    pub round: u32,
+    /// Messages published and confirmed.
+    pub sent: u64,
+    /// Messages consumed successfully (each once).
+    pub delivered: u64,
+    /// Successful deliveries beyond the first of a message.
+    pub duplicates: u64,
+    /// Sent but never consumed successfully within the wait.
+    pub lost: u64,
+    /// Deliveries the consumer failed.
+    pub failed: u64,
+    /// Deliveries that followed a failure.
+    pub retries: u64,
+    /// Per retry: receive − (failure + 1 s), ms.
+    pub late: Pcts,
+    /// Broker CPU seconds, first publish to last success.
+    pub broker_cpu_s: f64,
+    /// The `ladder run` process's CPU seconds (0 for native).
+    pub ladder_cpu_s: f64,
+    /// Seconds waited for the broker to go quiet before the window.
+    pub settle_s: f64,
+    /// The share of the machine's CPU the hypervisor stole meanwhile, %.
+    pub steal_pct: f64,
+}
+
+impl Window {
+    fn per_10k(&self, cpu_s: f64) -> f64 {
+        if self.retries == 0 {
+            0.0
+        } else {
+            cpu_s / self.retries as f64 * 10_000.0
+        }
+    }
+}
+
+/// One side at one rate, its windows pooled.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Pooled {
+    /// `native` or `ladder`.
+    pub side: String,
+    /// Retries per second offered.
+    pub rate: f64,
+    /// Windows.
+    pub windows: u32,
+    /// Retries.
+    pub retries: u64,
+    /// Broker + Ladder CPU seconds per 10 000 retries.
+    pub total_per_10k: f64,
+    /// Broker CPU seconds per 10 000 retries.
+    pub broker_per_10k: f64,
+    /// Ladder CPU seconds per 10 000 retries.
+    pub ladder_per_10k: f64,
+    /// Every retry's lateness, ms.
+    pub late: Pcts,
+    /// Summed over the windows.
+    pub sent: u64,
+    /// Summed.
+    pub lost: u64,
+    /// Summed.
+    pub duplicates: u64,
+}
+
+/// What `ladder-bench native` measured.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct NativeResults {
+    /// The command line.
+    pub command: String,
+    /// UTC.
+    pub started: String,
+    /// UTC.
+    pub finished: String,
+    /// Where it ran; `machine.rabbitmq` is the node.
+    pub machine: Machine,
+    /// `/proc/loadavg` at the start and at the end.
+    pub load_start: String,
+    /// At the end.
+    pub load_end: String,
+    /// Whether the node's `beam.smp` was found (broker CPU is 0 otherwise).
+    pub broker_cpu_measured: bool,
+    /// Failures per message.
+    pub failures: u32,
+    /// Publishing seconds per window.
+    pub secs: f64,
+    /// Windows per side and rate.
+    pub rounds: u32,
+    /// Every window, in the order taken.
+    pub windows: Vec<Window>,
+    /// Per side and rate.
+    pub pooled: Vec<Pooled>,
+}
+
+/// One side of the outage.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct OutageRow {
+    /// `native`, `ladder`, `auto-hold`.
+    pub side: String,
+    /// Messages published and confirmed.
+    pub sent: u64,
+    /// Messages per second the publisher achieved.
+    pub achieved: f64,
+    /// Messages consumed successfully (each once).
+    pub delivered: u64,
+    /// Successful deliveries beyond the first.
+    pub duplicates: u64,
+    /// Sent but not consumed successfully within the drain timeout.
+    pub lost: u64,
+    /// Deliveries the failing consumer received and failed: work wasted on it.
+    pub wasted: u64,
+    /// Broker CPU seconds during the outage, and from the recovery until drained.
+    pub broker_cpu_s: (f64, f64),
+    /// The `ladder run` process's CPU seconds, the same two spans (0 for native).
+    pub ladder_cpu_s: (f64, f64),
+    /// Seconds from the recovery until every message was consumed (`None`: not within the timeout).
+    pub drain_s: Option<f64>,
+}
+
+/// What `ladder-bench outage` measured.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct OutageResults {
+    /// The command line.
+    pub command: String,
+    /// UTC.
+    pub started: String,
+    /// UTC.
+    pub finished: String,
+    /// Where it ran.
+    pub machine: Machine,
+    /// `/proc/loadavg` at the start and at the end.
+    pub load_start: String,
+    /// At the end.
+    pub load_end: String,
+    /// Whether the node's `beam.smp` was found.
+    pub broker_cpu_measured: bool,
+    /// The outage, s.
+    pub outage_s: f64,
+    /// Messages per second offered.
+    pub rate: f64,
+    /// Native `x-delivery-limit` and Ladder `max_attempts`.
+    pub limit: u32,
+    /// The auto-hold ladder's `[auto_hold]` table and `release_rate`, as written.
+    pub auto_hold: String,
+    /// One per side, in the order taken.
+    pub rows: Vec<OutageRow>,
+}
+
+/// One side: its queue, its consumer, the queues that must be empty before a window.
+struct Side {
+    key: &'static str,
+    queue: String,
+    failer: Failer,
+    watch: Vec<String>,
+    /// Whether the ladder process works for it.
+    ladder: bool,
+}
+
+/// Whether the broker at `url` is RabbitMQ ≥ 4.3; its version.
+async fn check_node(url: &str) -> Result<String> {
+    let conn = broker::connect(url, "ladder-bench-version").await?;
+    let t = |key: &str| match conn.server_properties().get(key) {
+        Some(FieldValue::LongString(s)) => s.to_str().map(str::to_string),
+        _ => None,
+    };
+    let version = format!(
+        "{} {}",
+        t("product").unwrap_or_default(),
+        t("version").unwrap_or_default()
+    );
+    let _ = tokio::time::timeout(broker::OP_TIMEOUT, conn.close(200, "bye")).await;
+    if !at_least_4_3(&version) {
+        bail!(
+            "{url} is {version}: native delayed retry needs RabbitMQ ≥ 4.3 (a 4.3 node: `eval \"$(scripts/broker env 4.3)\"` and `--url \"$LADDER_TEST_AMQP_URL\"`)"
+        );
+    }
+    Ok(version)
+}
+
+/// The native side's queue: quorum, delayed retry on `basic.reject` with requeue, 1 s, and a
+/// delivery limit of `limit`.
+async fn declare_native(svc: &Service, registry: &Registry, queue: &str, limit: u32) -> Result<()> {
+    let mut args = FieldTable::new();
+    args.set("x-queue-type", text("quorum"));
+    args.set("x-delayed-retry-type", text("failed"));
+    args.set("x-delayed-retry-min", FieldValue::LongLongInt(DELAY_MS as i64));
+    args.set("x-delayed-retry-max", FieldValue::LongLongInt(DELAY_MS as i64));
+    args.set("x-delivery-limit", FieldValue::LongLongInt(i64::from(limit)));
+    broker::declare_queue(&svc.ctl, registry, queue, args).await
+}
+
+/// A Ladder side's work queue: quorum, dead-lettering into ladder `ladder`'s exchange.
+async fn declare_work(svc: &Service, registry: &Registry, queue: &str, ladder: &str) -> Result<()> {
+    let mut args = FieldTable::new();
+    args.set("x-queue-type", text("quorum"));
+    args.set("x-dead-letter-exchange", text(&svc.names(ladder).intake_exchange));
+    broker::declare_queue(&svc.ctl, registry, queue, args).await
+}
+
+/// The native side, its queue declared and consumed.
+async fn native_side(svc: &Service, registry: &Registry, failures: u32, limit: u32) -> Result<Side> {
+    let queue = format!("{}-native", svc.ns);
+    declare_native(svc, registry, &queue, limit).await?;
+    Ok(Side {
+        key: "native",
+        failer: Failer::start(&svc.consume, &queue, Fail::Reject, failures).await?,
+        watch: vec![queue.clone()],
+        queue,
+        ladder: false,
+    })
+}
+
+/// A Ladder side in dead-letter mode through ladder `ladder`.
+async fn ladder_side(
+    svc: &Service,
+    registry: &Registry,
+    key: &'static str,
+    ladder: &str,
+    failures: u32,
+) -> Result<Side> {
+    let queue = format!("{}-work-{ladder}", svc.ns);
+    declare_work(svc, registry, &queue, ladder).await?;
+    let names = svc.names(ladder);
+    let tier = svc.tier_queue(ladder, &svc.spec(ladder).tier_for_attempt(1).name);
+    Ok(Side {
+        key,
+        failer: Failer::start(&svc.consume, &queue, Fail::DeadLetter, failures).await?,
+        watch: vec![queue.clone(), names.intake_queue.clone(), names.due.clone(), tier],
+        queue,
+        ladder: true,
+    })
+}
+
+/// A message for `queue` through the default exchange: persistent, the benchmark body.
+fn message(queue: &str, id: u32, seq: u64) -> Msg {
+    Msg {
+        exchange: String::new(),
+        routing_key: queue.to_string(),
+        properties: BasicProperties::default().with_delivery_mode(2),
+        body: body(id, seq, DELAY_MS),
+    }
+}
+
+/// The service for a run: ladders (name, ladder file) on `url` in namespace `bench-<pid>-0`.
+async fn service(
+    url: &str,
+    ladders: &[(&str, String)],
+    work: &Path,
+    ladder_bin: &Path,
+    registry: &Registry,
+) -> Result<Service> {
+    let ns = format!("bench-{}-0", std::process::id());
+    let svc = Service::start(url, &ns, ladders, work, ladder_bin, registry).await?;
+    if svc.broker_pid.is_none() {
+        eprintln!("ladder-bench: no beam.smp process found for {url}; broker CPU is not measured");
+    }
+    Ok(svc)
+}
+
+/// The options of a `native` run, resolved.
+#[derive(Debug, Clone)]
+pub struct NativePlan {
+    /// Retries per second.
+    pub rates: Vec<f64>,
+    /// Failures per message.
+    pub failures: u32,
+    /// Publishing seconds per window.
+    pub secs: f64,
+    /// Windows per side and rate.
+    pub rounds: u32,
+}
+
+impl NativePlan {
+    /// From the arguments: `rates` (the global `--rates`) default to 300 and 1 000 per second.
+    pub fn new(args: &NativeArgs, rates: &[f64], smoke: bool) -> Self {
+        let rates = match (rates.is_empty(), smoke) {
+            (false, _) => rates.to_vec(),
+            (true, true) => vec![50.0],
+            (true, false) => vec![300.0, 1000.0],
+        };
+        NativePlan {
+            rates,
+            failures: args.failures.max(1),
+            secs: args.secs.unwrap_or(if smoke { 2.0 } else { 10.0 }),
+            rounds: args.rounds.unwrap_or(if smoke { 1 } else { 2 }).max(1),
+        }
+    }
+}
+
+/// `ladder-bench native`: every window, in turns; results are stored in `out` as they come.
+pub async fn measure_native(
+    url: &str,
+    plan: &NativePlan,
+    work: &Path,
+    ladder_bin: &Path,
+    registry: &Registry,
+    out: &mut NativeResults,
+) -> Result<()> {
+    let version = check_node(url).await?;
+    // a margin over the failures: neither side may drop or park a message that is to succeed
+    let limit = plan.failures + 20;
+    let max_attempts = format!("max_attempts = {limit}\n");
+    let ns_file = |ns: &str| ladder_file(ns, "1s", &max_attempts);
+    let ns = format!("bench-{}-0", std::process::id());
+    let mut svc = service(url, &[(RETRY, ns_file(&ns))], work, ladder_bin, registry).await?;
+    out.machine.rabbitmq = version;
+    out.machine.broker = svc.host_port();
+    out.broker_cpu_measured = svc.broker_pid.is_some();
+    let sides = [
+        native_side(&svc, registry, plan.failures, limit).await?,
+        ladder_side(&svc, registry, "ladder", RETRY, plan.failures).await?,
+    ];
+    eprintln!(
+        "native delayed retry vs Ladder (dead-letter mode) on {} ({}): {} failure(s) per message, rates {:?} retries/s, {} s windows, {} round(s)",
+        svc.host_port(),
+        out.machine.rabbitmq,
+        plan.failures,
+        plan.rates,
+        plan.secs,
+        plan.rounds
+    );
+    let mut late: HashMap<(usize, u64), Vec<i64>> = HashMap::new();
+    let mut id = 2000;
+    for &rate in &plan.rates {
+        for round in 1..=plan.rounds {
+            for (i, side) in sides.iter().enumerate() {
+                id += 1;
+                let (w, values) = window(&mut svc, side, id, rate, round, plan).await?;
+                late.entry((i, rate as u64)).or_default().extend(values);
+                out.windows.push(w);
+            }
+        }
+    }
+    for &rate in &plan.rates {
+        for (i, side) in sides.iter().enumerate() {
+            let ws: Vec<&Window> = out
+                .windows
+                .iter()
+                .filter(|w| w.side == side.key && w.rate == rate)
+                .collect();
+            let retries: u64 = ws.iter().map(|w| w.retries).sum();
+            let per_10k = |s: f64| {
+                if retries == 0 {
+                    0.0
+                } else {
+                    s / retries as f64 * 10_000.0
+                }
+            };
+            let broker: f64 = ws.iter().map(|w| w.broker_cpu_s).sum();
+            let ladder: f64 = ws.iter().map(|w| w.ladder_cpu_s).sum();
+            out.pooled.push(Pooled {
+                side: side.key.into(),
+                rate,
+                windows: ws.len() as u32,
+                retries,
+                total_per_10k: per_10k(broker + ladder),
+                broker_per_10k: per_10k(broker),
+                ladder_per_10k: per_10k(ladder),
+                late: pcts(late.remove(&(i, rate as u64)).unwrap_or_default()),
+                sent: ws.iter().map(|w| w.sent).sum(),
+                lost: ws.iter().map(|w| w.lost).sum(),
+                duplicates: ws.iter().map(|w| w.duplicates).sum(),
+            });
+        }
+    }
+    drop(sides);
+    svc.child.stop(Duration::from_secs(20));
+    Ok(())
+}
+
+/// One window: `rate` retries per second for `plan.secs` through `side`; returns it and the
+/// lateness of each retry.
+async fn window(
+    svc: &mut Service,
+    side: &Side,
+    id: u32,
+    rate: f64,
+    round: u32,
+    plan: &NativePlan,
+) -> Result<(Window, Vec<i64>)> {
+    settle(&svc.ctl, &side.watch).await?;
+    let settle_s = broker_quiet(svc.broker_pid, QUIET_WAIT).await;
+    let msg_rate = rate / f64::from(plan.failures);
+    let count = (msg_rate * plan.secs).round().max(1.0) as u64;
+    let machine_before = procs::machine_ticks().unwrap_or_default();
+    let before = svc.cpu()?;
+    let published = broker::publish(
+        &svc.publish_ch,
+        Some(msg_rate),
+        count,
+        WINDOW,
+        |seq| message(&side.queue, id, seq),
+        || false,
+    )
+    .await?;
+    let deadline = Instant::now() + Duration::from_millis(DELAY_MS * u64::from(plan.failures)) + DRAIN;
+    while side.failer.progress(id).0 < published.confirmed && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = svc.cpu()?;
+    let steal_pct = procs::steal_pct(machine_before, procs::machine_ticks().unwrap_or_default());
+    let seen = side.failer.take(id);
+    let delivered = seen.samples.len() as u64;
+    let w = Window {
+        side: side.key.into(),
+        rate,
+        round,
+        sent: published.confirmed,
+        delivered,
+        duplicates: seen.duplicates,
+        lost: published.confirmed.saturating_sub(delivered) + published.refused,
+        failed: seen.failed,
+        retries: seen.retry_late.len() as u64,
+        late: pcts(seen.retry_late.clone()),
+        broker_cpu_s: after.1.saturating_sub(before.1).as_secs_f64(),
+        ladder_cpu_s: if side.ladder {
+            after.0.saturating_sub(before.0).as_secs_f64()
+        } else {
+            0.0
+        },
+        settle_s,
+        steal_pct,
+    };
+    eprintln!(
+        "  {:<6} {:>5.0}/s round {}: late p50 {:>4} p99 {:>5} max {:>5} ms | {}/{} consumed, {} retries, {} dup{} | broker {:.2} + ladder {:.2} = {:.2} s/10k | steal {:.0}%",
+        w.side,
+        rate,
+        round,
+        w.late.p50,
+        w.late.p99,
+        w.late.max,
+        w.delivered,
+        w.sent,
+        w.retries,
+        w.duplicates,
+        if w.lost > 0 {
+            format!(", LOST {}", w.lost)
+        } else {
+            String::new()
+        },
+        w.per_10k(w.broker_cpu_s),
+        w.per_10k(w.ladder_cpu_s),
+        w.per_10k(w.broker_cpu_s + w.ladder_cpu_s),
+        w.steal_pct
+    );
+    Ok((w, seen.retry_late))
+}
+
+/// The options of an `outage` run, resolved.
+#[derive(Debug, Clone)]
+pub struct OutagePlan {
+    /// How long the destination fails.
+    pub outage: Duration,
+    /// Messages per second.
+    pub rate: f64,
+    /// The auto-hold ladder's release rate (`N/s`).
+    pub release_rate: String,
+    /// After recovery, how long the backlog may take.
+    pub drain_timeout: Duration,
+    /// `native`, `ladder`, `auto-hold`, in this order.
+    pub sides: Vec<String>,
+}
+
+/// The sides of the outage.
+const OUTAGE_SIDES: [&str; 3] = ["native", "ladder", "auto-hold"];
+
+impl OutagePlan {
+    /// From the arguments.
+    pub fn new(args: &OutageArgs, smoke: bool) -> Result<Self> {
+        let outage = args.outage.unwrap_or(Duration::from_secs(if smoke { 10 } else { 300 }));
+        if let Some(bad) = args.sides.iter().find(|s| !OUTAGE_SIDES.contains(&s.as_str())) {
+            bail!("--sides {bad}: not one of {}", OUTAGE_SIDES.join(", "));
+        }
+        Ok(OutagePlan {
+            outage,
+            rate: args.rate.unwrap_or(if smoke { 100.0 } else { 500.0 }),
+            release_rate: args.release_rate.clone(),
+            drain_timeout: args.drain_timeout.unwrap_or(Duration::from_secs(300) + outage * 2),
+            sides: OUTAGE_SIDES
+                .iter()
+                .filter(|s| args.sides.is_empty() || args.sides.iter().any(|a| a == *s))
+                .map(|s| s.to_string())
+                .collect(),
+        })
+    }
+
+    /// The retries one message can reach (1 s each) during the outage and its drain, with a
+    /// margin: native `x-delivery-limit` and Ladder `max_attempts`.
+    pub fn limit(&self) -> u32 {
+        let secs = (self.outage + self.drain_timeout).as_secs();
+        u32::try_from(secs * 2 + 100).unwrap_or(u32::MAX)
+    }
+
+    /// The auto-hold ladder's extra keys: Ladder's defaults for a 5-minute outage (window 1 m,
+    /// probe every 10 s, longest hold 10 m), scaled down for a shorter one (window = a fifth of
+    /// the outage, at least 2 s; probe = a sixth of the window, 1 to 10 s; longest hold = ten
+    /// windows), and the release rate.
+    pub fn auto_hold(&self) -> String {
+        let window = (self.outage.as_secs() / 5).clamp(2, 60);
+        let probe = (window / 6).clamp(1, 10);
+        format!(
+            "release_rate = \"{}\"\n[auto_hold]\nenabled = true\nwindow = \"{window}s\"\nprobe_every = \"{probe}s\"\nmax_hold = \"{}s\"\n",
+            self.release_rate,
+            window * 10
+        )
+    }
+}
+
+/// `ladder-bench outage`: each side in turn; results are stored in `out` as they come.
+pub async fn measure_outage(
+    url: &str,
+    plan: &OutagePlan,
+    work: &Path,
+    ladder_bin: &Path,
+    registry: &Registry,
+    out: &mut OutageResults,
+) -> Result<()> {
+    let version = check_node(url).await?;
+    let limit = plan.limit();
+    let ns = format!("bench-{}-0", std::process::id());
+    let max_attempts = format!("max_attempts = {limit}\n");
+    let auto = plan.auto_hold();
+    let mut svc = service(
+        url,
+        &[
+            (RETRY, ladder_file(&ns, "1s", &max_attempts)),
+            (AUTO, ladder_file(&ns, "1s", &format!("{max_attempts}{auto}"))),
+        ],
+        work,
+        ladder_bin,
+        registry,
+    )
+    .await?;
+    out.machine.rabbitmq = version;
+    out.machine.broker = svc.host_port();
+    out.broker_cpu_measured = svc.broker_pid.is_some();
+    out.outage_s = plan.outage.as_secs_f64();
+    out.rate = plan.rate;
+    out.limit = limit;
+    out.auto_hold = auto;
+    let mut sides = vec![];
+    for key in &plan.sides {
+        sides.push(match key.as_str() {
+            "native" => native_side(&svc, registry, 0, limit).await?,
+            "ladder" => ladder_side(&svc, registry, "ladder", RETRY, 0).await?,
+            _ => {
+                let side = ladder_side(&svc, registry, "auto-hold", AUTO, 0).await?;
+                // declared by the service when it first holds the destination
+                registry.queue(&svc.names(AUTO).held_queue(&side.queue));
+                side
+            }
+        });
+    }
+    eprintln!(
+        "outage on {} ({}): {} s of failures at {}/s, then recovery; sides {:?}",
+        svc.host_port(),
+        out.machine.rabbitmq,
+        out.outage_s,
+        plan.rate,
+        plan.sides
+    );
+    let mut id = 3000;
+    for side in &sides {
+        id += 1;
+        let row = outage_side(&mut svc, side, id, plan).await?;
+        out.rows.push(row);
+    }
+    drop(sides);
+    svc.child.stop(Duration::from_secs(20));
+    Ok(())
+}
+
+/// One side of the outage.
+async fn outage_side(svc: &mut Service, side: &Side, id: u32, plan: &OutagePlan) -> Result<OutageRow> {
+    settle(&svc.ctl, &side.watch).await?;
+    broker_quiet(svc.broker_pid, QUIET_WAIT).await;
+    let count = (plan.rate * plan.outage.as_secs_f64()).round().max(1.0) as u64;
+    eprintln!(
+        "  {}: failing for {:?} while publishing {} messages",
+        side.key,
+        plan.outage,
+        thousands(count)
+    );
+    let started = svc.cpu()?;
+    side.failer.set_failing(true);
+    let publish = broker::publish(
+        &svc.publish_ch,
+        Some(plan.rate),
+        count,
+        WINDOW,
+        |seq| message(&side.queue, id, seq),
+        || false,
+    );
+    let recover = async {
+        tokio::time::sleep(plan.outage).await;
+        side.failer.set_failing(false);
+        Instant::now()
+    };
+    let (published, recovered_at) = tokio::join!(publish, recover);
+    let recovered = svc.cpu()?;
+    let published = published?;
+    eprintln!(
+        "  {}: recovered; {} deliveries failed so far, {} of {} consumed",
+        side.key,
+        thousands(side.failer.failed(id)),
+        thousands(side.failer.progress(id).0),
+        thousands(published.confirmed)
+    );
+    let deadline = recovered_at + plan.drain_timeout;
+    let mut last_print = Instant::now();
+    let drain_s = loop {
+        let (done, _) = side.failer.progress(id);
+        if done >= published.confirmed {
+            break Some(recovered_at.elapsed().as_secs_f64());
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        if last_print.elapsed() >= Duration::from_secs(15) {
+            eprintln!(
+                "    {:.0} s after recovery: {} of {} consumed",
+                recovered_at.elapsed().as_secs_f64(),
+                thousands(done),
+                thousands(published.confirmed)
+            );
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let drained = svc.cpu()?;
+    let seen = side.failer.take(id);
+    let delivered = seen.samples.len() as u64;
+    let span = |a: Duration, b: Duration| b.saturating_sub(a).as_secs_f64();
+    let row = OutageRow {
+        side: side.key.into(),
+        sent: published.confirmed,
+        achieved: published.confirmed as f64 / published.secs.max(plan.outage.as_secs_f64()),
+        delivered,
+        duplicates: seen.duplicates,
+        lost: published.confirmed.saturating_sub(delivered) + published.refused,
+        wasted: seen.failed,
+        broker_cpu_s: (span(started.1, recovered.1), span(recovered.1, drained.1)),
+        ladder_cpu_s: if side.ladder {
+            (span(started.0, recovered.0), span(recovered.0, drained.0))
+        } else {
+            (0.0, 0.0)
+        },
+        drain_s,
+    };
+    eprintln!(
+        "  {}: {} wasted deliveries, {}/{} consumed, {} dup, lost {} | broker {:.1} + {:.1} s, ladder {:.1} + {:.1} s | drained {}",
+        row.side,
+        thousands(row.wasted),
+        thousands(row.delivered),
+        thousands(row.sent),
+        row.duplicates,
+        row.lost,
+        row.broker_cpu_s.0,
+        row.broker_cpu_s.1,
+        row.ladder_cpu_s.0,
+        row.ladder_cpu_s.1,
+        row.drain_s
+            .map_or("NOT within the timeout".into(), |d| format!("in {d:.1} s"))
+    );
+    Ok(row)
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}×", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+fn header(o: &mut String, title: &str, command: &str, m: &Machine, times: (&str, &str), load: (&str, &str)) {
+    let _ = writeln!(o, "# {title}\n");
+    let _ = writeln!(o, "Command: `{command}`\n");
+    let _ = writeln!(o, "| | |\n|---|---|");
+    let _ = writeln!(o, "| started / finished (UTC) | {} / {} |", times.0, times.1);
+    let _ = writeln!(o, "| load average at start / end | {} / {} |", load.0, load.1);
+    let _ = writeln!(
+        o,
+        "| machine | {} cores ({}), {} MB, Linux {}, {} |",
+        m.nproc, m.cpu, m.mem_mb, m.kernel, m.rustc
+    );
+    let _ = writeln!(o, "| node | {} at {} |", m.rabbitmq, m.broker);
+}
+
+/// The Markdown report of a `native` run.
+pub fn native_markdown(r: &NativeResults) -> String {
+    let mut o = String::new();
+    header(
+        &mut o,
+        "RabbitMQ 4.3 native delayed retry vs Ladder",
+        &r.command,
+        &r.machine,
+        (&r.started, &r.finished),
+        (&r.load_start, &r.load_end),
+    );
+    let _ = writeln!(
+        o,
+        "\n1 s retries, {} failure(s) per message, {} s windows, {} per side and rate, taken in turns (native, Ladder, …). \
+         CPU from the first publish until every message was consumed, per 10 000 retries; broker = its `beam.smp`{}; \
+         lateness of every retry = receive − (failure + 1 s), ms.\n",
+        r.failures,
+        r.secs,
+        r.rounds,
+        if r.broker_cpu_measured {
+            ""
+        } else {
+            " (NOT FOUND: zeros)"
+        }
+    );
+    let _ = writeln!(
+        o,
+        "| retries/s | side | windows | retries | total CPU s / 10k | broker CPU s / 10k | Ladder CPU s / 10k | p50 | p99 | max | lost | duplicates |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for p in &r.pooled {
+        let _ = writeln!(
+            o,
+            "| {:.0} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+            p.rate,
+            p.side,
+            p.windows,
+            thousands(p.retries),
+            p.total_per_10k,
+            p.broker_per_10k,
+            p.ladder_per_10k,
+            p.late.p50,
+            p.late.p99,
+            p.late.max,
+            p.lost,
+            p.duplicates
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n| retries/s | Ladder / native: total CPU | broker CPU | p50 lateness | p99 lateness |\n|---|---|---|---|---|"
+    );
+    let mut rates: Vec<f64> = r.pooled.iter().map(|p| p.rate).collect();
+    rates.dedup();
+    for rate in rates {
+        let find = |side: &str| r.pooled.iter().find(|p| p.side == side && p.rate == rate);
+        if let (Some(n), Some(l)) = (find("native"), find("ladder")) {
+            let _ = writeln!(
+                o,
+                "| {rate:.0} | {} | {} | {} | {} |",
+                ratio(l.total_per_10k, n.total_per_10k),
+                ratio(l.broker_per_10k, n.broker_per_10k),
+                ratio(l.late.p50 as f64, n.late.p50 as f64),
+                ratio(l.late.p99 as f64, n.late.p99 as f64)
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nEvery window:\n\n| retries/s | round | side | consumed / sent | retries | total | broker | Ladder (s / 10k) | p50 | p99 | max | lost | dup | quiet wait s | steal % |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for w in &r.windows {
+        let _ = writeln!(
+            o,
+            "| {:.0} | {} | {} | {} / {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {:.0} | {:.0} |",
+            w.rate,
+            w.round,
+            w.side,
+            w.delivered,
+            w.sent,
+            w.retries,
+            w.per_10k(w.broker_cpu_s + w.ladder_cpu_s),
+            w.per_10k(w.broker_cpu_s),
+            w.per_10k(w.ladder_cpu_s),
+            w.late.p50,
+            w.late.p99,
+            w.late.max,
+            w.lost,
+            w.duplicates,
+            w.settle_s,
+            w.steal_pct
+        );
+    }
+    o
+}
+
+/// The Markdown report of an `outage` run.
+pub fn outage_markdown(r: &OutageResults) -> String {
+    let mut o = String::new();
+    header(
+        &mut o,
+        "A destination's outage: RabbitMQ 4.3 native delayed retry, Ladder, Ladder with auto_hold",
+        &r.command,
+        &r.machine,
+        (&r.started, &r.finished),
+        (&r.load_start, &r.load_end),
+    );
+    let _ = writeln!(
+        o,
+        "\nThe consumer fails every delivery for {:.0} s while {:.0} messages/s are published to its queue, then succeeds. \
+         1 s retries on every side; native `x-delivery-limit` and Ladder `max_attempts` = {}. The auto-hold ladder adds `{}`. \
+         Broker CPU = its `beam.smp`{}, in seconds, during the outage + from the recovery until drained.\n",
+        r.outage_s,
+        r.rate,
+        r.limit,
+        r.auto_hold.trim().replace('\n', "; "),
+        if r.broker_cpu_measured {
+            ""
+        } else {
+            " (NOT FOUND: zeros)"
+        }
+    );
+    let _ = writeln!(
+        o,
+        "| side | sent (achieved/s) | consumed | lost | duplicates | deliveries wasted on the failing consumer | broker CPU s | Ladder CPU s | total CPU s | time to drain after recovery |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    for row in &r.rows {
+        let (b, l) = (row.broker_cpu_s, row.ladder_cpu_s);
+        let _ = writeln!(
+            o,
+            "| {} | {} ({:.0}/s) | {} | {} | {} | {} | {:.1} + {:.1} | {:.1} + {:.1} | {:.1} | {} |",
+            row.side,
+            thousands(row.sent),
+            row.achieved,
+            thousands(row.delivered),
+            row.lost,
+            row.duplicates,
+            thousands(row.wasted),
+            b.0,
+            b.1,
+            l.0,
+            l.1,
+            b.0 + b.1 + l.0 + l.1,
+            row.drain_s
+                .map_or("not within the timeout".into(), |d| format!("{d:.1} s"))
+        );
+    }
+    o
+}
+
+/// Writes `name.json` and `name.md` into `out`; returns the Markdown file.
+pub fn write(out: &Path, name: &str, json: &impl Serialize, md: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join(format!("{name}.json")), serde_json::to_string_pretty(json)?)?;
+    let path = out.join(format!("{name}.md"));
+    std::fs::write(&path, md)?;
+    Ok(path)
+}
+
+/// What must hold after any run: every message consumed.
+pub fn native_problems(r: &NativeResults) -> Vec<String> {
+    let mut p = vec![];
+    if r.windows.is_empty() {
+        p.push("no window ran".into());
+    }
+    for w in &r.windows {
+        if w.lost > 0 || w.sent == 0 || w.retries == 0 {
+            p.push(format!(
+                "{} at {}/s round {}: {} of {} consumed, {} retries",
+                w.side, w.rate, w.round, w.delivered, w.sent, w.retries
+            ));
+        }
+    }
+    p
+}
+
+/// What must hold after an outage run: every message consumed.
+pub fn outage_problems(r: &OutageResults) -> Vec<String> {
+    r.rows
+        .iter()
+        .filter(|row| row.lost > 0 || row.sent == 0 || row.drain_s.is_none())
+        .map(|row| format!("{}: {} of {} consumed", row.side, row.delivered, row.sent))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(outage: u64) -> OutagePlan {
+        OutagePlan::new(
+            &OutageArgs {
+                outage: Some(Duration::from_secs(outage)),
+                rate: None,
+                release_rate: "1000/s".into(),
+                drain_timeout: None,
+                sides: vec![],
+            },
+            false,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_five_minute_outage_keeps_ladders_auto_hold_defaults() {
+        let a = plan(300).auto_hold();
+        assert!(a.contains("window = \"60s\""), "{a}");
+        assert!(a.contains("probe_every = \"10s\""), "{a}");
+        assert!(a.contains("max_hold = \"600s\""), "{a}");
+        let short = plan(10).auto_hold();
+        assert!(short.contains("window = \"2s\""), "{short}");
+        assert!(short.contains("probe_every = \"1s\""), "{short}");
+        assert_eq!(plan(300).sides, ["native", "ladder", "auto-hold"]);
+    }
+
+    #[test]
+    fn the_limit_outlasts_the_outage_and_the_drain() {
+        let p = plan(300);
+        assert!(u64::from(p.limit()) > (p.outage + p.drain_timeout).as_secs());
+    }
+
+    #[test]
+    fn the_auto_hold_file_is_a_valid_ladder() {
+        let dir = std::env::temp_dir().join(format!("ladder-bench-native-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("ladders")).unwrap();
+        std::fs::write(dir.join("ladder.toml"), "namespace = \"bench-1-0\"\n").unwrap();
+        let p = plan(300);
+        let extra = format!("max_attempts = {}\n{}", p.limit(), p.auto_hold());
+        std::fs::write(
+            dir.join("ladders/autohold.toml"),
+            ladder_file("bench-1-0", "1s", &extra),
+        )
+        .unwrap();
+        let config = ladder::config::load(&dir.join("ladder.toml"), &HashMap::new());
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = config.map_err(|e| e.to_string()).unwrap();
+        let spec = &config.ladders[0];
+        assert!(spec.auto_hold.is_some());
+        assert_eq!(spec.max_attempts, p.limit());
+    }
+}
