@@ -414,11 +414,16 @@ async fn repeat_failures_routed_past_the_intake_survive_a_kill() {
     let confirms: Vec<_> = ids
         .iter()
         .map(|id| {
-            let props = BasicProperties::default().with_message_id(id.as_str()).with_delivery_mode(2);
+            let props = BasicProperties::default()
+                .with_message_id(id.as_str())
+                .with_delivery_mode(2);
             ch.basic_publish("", &orders, true, &props, b"order").unwrap()
         })
         .collect();
-    let confirmed = tokio::time::timeout(WAIT, try_join_all(confirms)).await.unwrap().unwrap();
+    let confirmed = tokio::time::timeout(WAIT, try_join_all(confirms))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(confirmed.iter().all(|c| *c == Confirmation::Ack));
 
     // the consumer fails the original and the first retry, and takes the second (the last the
@@ -456,5 +461,9 @@ async fn repeat_failures_routed_past_the_intake_survive_a_kill() {
     }
     assert!(killed, "the kill happened");
     let parked = read_parked(&conn, &names.parked, 0).await;
-    assert!(parked.is_empty(), "nothing parked: {:?}", parked.iter().map(|p| &p.reason).collect::<Vec<_>>());
+    assert!(
+        parked.is_empty(),
+        "nothing parked: {:?}",
+        parked.iter().map(|p| &p.reason).collect::<Vec<_>>()
+    );
 }
