@@ -559,7 +559,11 @@ pub(super) fn scheduled_due_at(h: &FieldTable, now_ms: u64) -> Result<u64, Strin
                 ));
             }
             if until > i128::from(now_ms.saturating_add(max_ms)) {
-                return Err(format!("{} of {until} is more than 49 days ahead", header::DELAY_UNTIL));
+                return Err(format!(
+                    "{} of {until} is {} ms ahead, beyond the longest delay ({max_ms} ms, 49 days)",
+                    header::DELAY_UNTIL,
+                    until - i128::from(now_ms)
+                ));
             }
             Ok((until as u64).max(now_ms))
         }

@@ -71,9 +71,10 @@ impl<'a> HopContext<'a> {
             let remaining = Duration::from_millis(due - now_ms);
             if remaining > MAX_DELAY {
                 let detail = format!(
-                    "{} is {} ms ahead, beyond the longest delay",
+                    "{} is {} ms ahead, beyond the longest delay ({} ms, 49 days)",
                     header::RETRY_DUE_AT,
-                    due - now_ms
+                    due - now_ms,
+                    MAX_DELAY.as_millis()
                 );
                 return park(ParkReason::InvalidDelay, detail, queue());
             }
