@@ -325,6 +325,81 @@ async fn no_false_alarm_while_hundreds_of_retries_flow() {
     admin.stop().await;
 }
 
+/// Repeat failures routed past the intake wait in their tier before the ladder counts them
+/// (they enter at the due hop): quiet polls meanwhile find more waiting than counted — a
+/// surplus, never a shortfall — and no alarm is raised; once they are delivered the identity
+/// balances with every failure counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeat_failures_waiting_uncounted_raise_no_alarm() {
+    const MESSAGES: usize = 40;
+    let ladder = r#"
+backoff = ["200ms", "3s"]
+max_attempts = 2
+allow = ["^{ns}-"]
+"#;
+    let mut t = TestLadder::configure_with("admin-routed", FAST_POLLS, ladder).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    admin
+        .wait_ladders("the accounting anchored", |v| {
+            v["ladders"][0]["accounting"]["anchored"] == true
+        })
+        .await;
+    for i in 0..MESSAGES {
+        t.publish(&t.intake(), "", format!("m{i}").as_bytes(), retry_props(&orders, None))
+            .await;
+    }
+    // each first retry fails again, republished as received: routed into the 3 s tier
+    for _ in 0..MESSAGES {
+        let d = next(&mut consumer).await;
+        assert_eq!(int_header(&d, "retry-attempt"), Some(1));
+        t.publish(&t.intake(), "", &d.body, republish_props(&d, &[])).await;
+        consumer.ack(&d);
+    }
+    // while they wait uncounted: quiet polls, never a shortfall
+    let waiting = admin
+        .wait_ladders("quiet polls while the repeat failures wait", |v| {
+            v["ladders"][0]["depths"]["delay.3s"] == MESSAGES && v["ladders"][0]["accounting"]["verdict"] == "balanced"
+        })
+        .await;
+    assert_eq!(waiting["ladders"][0]["accounting"]["unaccounted"], 0, "{waiting:#}");
+    let mut verdicts = std::collections::BTreeSet::new();
+    for _ in 0..MESSAGES {
+        let d = next(&mut consumer).await;
+        assert_eq!(int_header(&d, "retry-attempt"), Some(2));
+        consumer.ack(&d);
+        let v = admin.ladders().await;
+        verdicts.insert(v["ladders"][0]["accounting"]["verdict"].as_str().unwrap().to_string());
+        assert_eq!(v["ladders"][0]["accounting"]["unaccounted"], 0, "{v:#}");
+    }
+    let v = admin
+        .wait_ladders("the accounting balances with every failure counted", |v| {
+            v["ladders"][0]["accounting"]["verdict"] == "balanced"
+                && v["ladders"][0]["totals"]["delivered"] == 2 * MESSAGES
+        })
+        .await;
+    assert_eq!(v["ladders"][0]["accounting"]["unaccounted"], 0, "{v:#}");
+    assert_eq!(
+        v["ladders"][0]["totals"]["entered"],
+        2 * MESSAGES,
+        "each failure entered once: {v:#}"
+    );
+    assert_eq!(
+        v["ladders"][0]["totals"]["received_intake"], MESSAGES,
+        "the repeats skipped the intake: {v:#}"
+    );
+    assert!(
+        admin
+            .metrics()
+            .await
+            .contains("ladder_unaccounted_alarms_total{ladder=\"default\"} 0")
+    );
+    eprintln!("verdicts seen: {verdicts:?}");
+    admin.stop().await;
+}
+
 /// Ten long tiers: `delay.10m` … `delay.19m`, with the ladder's other queues more than one
 /// batch of the poller's parallel reads.
 const TEN_LONG: &str = r#"
