@@ -32,7 +32,7 @@ pub fn description(ladders: &[&str]) -> Value {
         "info": {
             "title": "Ladder admin API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Health, metrics, the ladders and their parking lots (README \"Over HTTP\"). \
+            "description": "Health, metrics, the ladders and their parking lots (docs/src/reference/http-api.md). \
                 Every error under /api is {\"error\": \"...\"} JSON. Reading needs nothing; replay and \
                 discard need Authorization: Bearer <token> with a token from admin.tokens.",
         },
@@ -72,7 +72,7 @@ fn paths() -> Value {
             "operationId": "metrics",
             "summary": "Prometheus metrics in the OpenMetrics text format",
             "responses": {"200": {
-                "description": "the metrics (README \"Metrics\")",
+                "description": "the metrics (docs/src/operations/metrics.md#metrics)",
                 "content": {"application/openmetrics-text": {"schema": {"type": "string"}}},
             }},
         }},
@@ -644,7 +644,7 @@ fn schemas() -> Value {
             "routing_key_base64": {"type": "string"},
             "properties": {
                 "type": "object",
-                "description": "the AMQP properties; headers with their exact AMQP types (README \"The parked envelope\")",
+                "description": "the AMQP properties; headers with their exact AMQP types (docs/src/parking-lot/records.md#the-parked-envelope-ladderparkedv1)",
             },
             "body_base64": {"type": "string"},
             "body_record": object(json!({"id": {"type": "string"}, "bytes": count()}), &[]),

@@ -153,7 +153,8 @@ pub(crate) fn accounting_sentence(
         return (
             "bad",
             format!(
-                "{} unaccounted for{since} — see the runbook LadderUnaccountedMessages (README, Runbooks).",
+                "{} unaccounted for{since} — see the runbook LadderUnaccountedMessages \
+                 (docs/src/operations/runbooks.md#runbook-ladderunaccountedmessages).",
                 messages(a.unaccounted)
             ),
         );
@@ -1306,7 +1307,7 @@ mod tests {
                 50,
                 Some(at_12_04),
                 "bad",
-                "3 messages unaccounted for since 12:04 UTC — see the runbook LadderUnaccountedMessages (README, Runbooks).",
+                "3 messages unaccounted for since 12:04 UTC — see the runbook LadderUnaccountedMessages (docs/src/operations/runbooks.md#runbook-ladderunaccountedmessages).",
             ),
             // still reported while traffic moves again
             (
@@ -1314,7 +1315,7 @@ mod tests {
                 50,
                 Some(at_12_04),
                 "bad",
-                "3 messages unaccounted for since 12:04 UTC — see the runbook LadderUnaccountedMessages (README, Runbooks).",
+                "3 messages unaccounted for since 12:04 UTC — see the runbook LadderUnaccountedMessages (docs/src/operations/runbooks.md#runbook-ladderunaccountedmessages).",
             ),
             (
                 status("suspect", Some(2), 0),

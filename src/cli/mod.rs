@@ -168,10 +168,21 @@ pub fn check(config: &Config) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `ladder plan`: every declaration, for `version` (default: the newest supported).
+/// `ladder plan`: every declaration, for `version` (default: the newest supported). A reader that
+/// stopped early (`| head`) ends it quietly with 0, as ripgrep does; `println!` would panic.
 pub fn plan(config: &Config, version: Option<topology::BrokerVersion>) -> ExitCode {
-    for declaration in topology::plan(config, version.unwrap_or(topology::BrokerVersion::LATEST)) {
-        println!("{declaration}");
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let written = topology::plan(config, version.unwrap_or(topology::BrokerVersion::LATEST))
+        .iter()
+        .try_for_each(|declaration| writeln!(stdout, "{declaration}"))
+        .and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ladder: cannot write to stdout: {e}");
+            ExitCode::from(crate::exit::FAILED)
+        }
     }
-    ExitCode::SUCCESS
 }

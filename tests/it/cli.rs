@@ -236,6 +236,33 @@ async fn environment_overrides_change_what_plan_prints() {
     assert!(!text.contains(&ns), "the file's namespace still shows:\n{text}");
 }
 
+/// `ladder plan | head` stops quietly once `head` has read enough, as CLI tools do: the pipe's
+/// reading end is closed before `plan` writes a line, so every write meets EPIPE.
+#[tokio::test]
+async fn plan_into_a_pipe_closed_early_exits_quietly() {
+    let (_dir, path, _ns) = valid_config("pipe");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut command = tokio::process::Command::from(ladder_command(&path));
+    command
+        .arg("plan")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    // spawned, not `output()`, which would pipe stdout to itself
+    let child = command.spawn().unwrap();
+    drop(command); // its copy of the writing end
+    let out = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("ladder plan exits")
+        .unwrap();
+    let text = stderr(&out);
+    assert!(!text.contains("panicked"), "{text}");
+    assert!(!text.contains("Broken pipe"), "{text}");
+    // 141 is how a shell reports a command killed by SIGPIPE
+    assert!(matches!(out.status.code(), Some(0 | 141)), "{:?}: {text}", out.status);
+}
+
 #[tokio::test]
 async fn apply_declares_the_topology_on_the_broker() {
     let (_dir, path, ns) = valid_config("apply");
