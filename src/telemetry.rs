@@ -57,6 +57,10 @@ impl Telemetry {
 
     /// Starts the spans of one delivery on `hop`: for the due hop, the finished wait span, then
     /// the process span. `None` when tracing is off.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one per fact of the delivery its spans record; a struct would be built per delivery only to be taken apart here"
+    )]
     pub fn start_hop(
         &self,
         hop: Hop,

@@ -7,7 +7,6 @@
 //! and built once into the same target directory (its dependencies are this build's), its
 //! binary renamed `ladder-previous` so it replaces nothing of this build.
 
-#[allow(dead_code)]
 mod common;
 
 use std::collections::{HashMap, HashSet};

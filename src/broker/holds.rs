@@ -711,10 +711,11 @@ async fn probe(
             match (claimed, probe_out) {
                 (Some(at), Some((out, by))) if out == at && by == me => {
                     let mut properties = delivery.properties.clone();
-                    properties
-                        .headers
-                        .get_or_insert_with(FieldTable::new)
-                        .set(protocol::header::RETRY_PROBE, FieldValue::LongLongInt(at as i64));
+                    let headers = properties.headers.get_or_insert_with(FieldTable::new);
+                    headers.set(protocol::header::RETRY_PROBE, FieldValue::LongLongInt(at as i64));
+                    // a failed probe goes to the intake at once (which tells the hold), not
+                    // into its next tier first
+                    headers.remove(protocol::header::RETRY_NEXT);
                     ladder.metrics.holds.transition("probe");
                     info!(ladder = %ladder.spec.name, destination, probe = at, "releasing one message as a probe");
                     let _in_flight = crate::metrics::InFlight::enter(&ladder.metrics.hop(Hop::Due).in_flight);

@@ -11,11 +11,8 @@ pub struct Names {
     /// `N.` — every name of the namespace starts with this.
     pub prefix: String,
     /// `N.L`: the fanout exchange consumers publish or dead-letter their failures to; bound to
-    /// `N.L.route`.
+    /// `N.L.next`.
     pub intake_exchange: String,
-    /// `N.L.route`: a headers exchange; what asks for the intake's own handling (`retry-delay`,
-    /// a scheduled delivery, a probe) goes to `N.L.intake`, the rest to `N.L.next`.
-    pub route_exchange: String,
     /// `N.L.next`: a headers exchange routing a repeat failure by its `retry-next` header
     /// straight into its tier (or, `retry-next: intake`, to the intake); the rest to `N.L.first`.
     pub next_exchange: String,
@@ -47,7 +44,6 @@ impl Names {
         Names {
             prefix: format!("{namespace}."),
             intake_queue: format!("{base}.intake"),
-            route_exchange: format!("{base}.route"),
             next_exchange: format!("{base}.next"),
             first_exchange: format!("{base}.first"),
             tiers_exchange: format!("{base}.tiers"),
@@ -187,12 +183,8 @@ mod tests {
         assert_eq!(n.due, "ns.orders.due");
         assert_eq!(n.parked, "ns.orders.parked");
         assert_eq!(
-            (
-                n.route_exchange.as_str(),
-                n.next_exchange.as_str(),
-                n.first_exchange.as_str()
-            ),
-            ("ns.orders.route", "ns.orders.next", "ns.orders.first")
+            (n.next_exchange.as_str(), n.first_exchange.as_str()),
+            ("ns.orders.next", "ns.orders.first")
         );
         let long = Tier::new(Duration::from_millis(5_400_000));
         assert_eq!(n.tier_queue(&long), "ns.orders.delay.1h30m");

@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 use crate::model::names::Names;
-use crate::model::protocol::header::{INTAKE_OWN, NEXT_INTAKE, RETRY_LADDER, RETRY_NEXT};
+use crate::model::protocol::header::{NEXT_INTAKE, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,10 +244,10 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         });
         out.push(bind(&names.tiers_exchange, &queue, &tier.name));
     }
-    // A failure's way in (README "How a retry travels"): N.L -> N.L.route -> N.L.next ->
-    // N.L.first -> N.L.intake, each headers exchange passing what it does not match on to the
-    // next. Declared from the end back, so an alternate exchange exists before anything can
-    // fall into it.
+    // A failure's way in (README "How a retry travels"): N.L -> N.L.next, a headers exchange
+    // routing a repeat failure by its retry-next into its tier and passing what it does not
+    // match (first failures) on to N.L.first -> N.L.intake. Declared from the end back, so the
+    // alternate exchange exists before anything can fall into it.
     out.push(exchange(&names.first_exchange, "fanout"));
     out.push(bind(&names.first_exchange, &names.intake_queue, ""));
     out.push(headers(&names.next_exchange, &names.first_exchange));
@@ -266,19 +266,15 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         ));
     }
     out.push(matching(&names.next_exchange, &names.intake_queue, next(NEXT_INTAKE)));
-    out.push(headers(&names.route_exchange, &names.next_exchange));
-    let mut own = vec![("x-match", ArgValue::Str("any-with-x".into()))];
-    own.extend(INTAKE_OWN.iter().map(|h| (*h, ArgValue::Void)));
-    out.push(matching(&names.route_exchange, &names.intake_queue, own));
     out.push(exchange(&names.intake_exchange, "fanout"));
     out.push(Declaration::Binding {
         exchange: names.intake_exchange.clone(),
-        queue: names.route_exchange.clone(),
+        queue: names.next_exchange.clone(),
         key: String::new(),
         args: Vec::new(),
         to_exchange: true,
     });
-    // before this topology the intake exchange fed the intake queue itself; the route above is
+    // before this topology the intake exchange fed the intake queue itself; the way above is
     // bound first, so a failure published in between may reach both (a duplicate), never neither
     out.push(Declaration::Unbinding {
         exchange: names.intake_exchange.clone(),
@@ -414,15 +410,12 @@ mod tests {
         );
         assert!(plan.contains(&"binding  ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"".to_string()));
         assert!(plan.contains(&"queue    ns.orders.parked durable x-queue-type=stream".to_string()));
-        // a failure's way in: N.L -> N.L.route -> (N.L.next) -> (N.L.first), and the binding of
-        // the topology before it removed
+        // a failure's way in: N.L -> N.L.next -> (N.L.first), and the binding of the topology
+        // before it removed
         for line in [
             "exchange ns.orders type=fanout durable",
-            "binding  ns.orders -> exchange ns.orders.route key=\"\"",
+            "binding  ns.orders -> exchange ns.orders.next key=\"\"",
             "unbind   ns.orders -> ns.orders.intake key=\"\"",
-            "exchange ns.orders.route type=headers durable alternate-exchange=ns.orders.next",
-            "binding  ns.orders.route -> ns.orders.intake key=\"\" x-match=any-with-x retry-delay=* x-delay=* \
-             delay-until=* retry-to-exchange=* retry-probe=*",
             "exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first",
             "binding  ns.orders.next -> ns.orders.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
             "binding  ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
@@ -440,7 +433,7 @@ mod tests {
                 < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
         );
         assert!(
-            at("binding  ns.orders -> exchange ns.orders.route key=\"\"")
+            at("binding  ns.orders -> exchange ns.orders.next key=\"\"")
                 < at("unbind   ns.orders -> ns.orders.intake key=\"\"")
         );
         assert!(plan.contains(&"binding  ns.orders.due -> ns.orders.due key=\"\"".to_string()));

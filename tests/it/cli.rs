@@ -199,13 +199,8 @@ fn contract(ns: &str) -> Vec<String> {
         format!("binding  {n}.next -> {n}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
         format!("binding  {n}.next -> {n}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
         format!("binding  {n}.next -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
-        format!("exchange {n}.route type=headers durable alternate-exchange={n}.next"),
-        format!(
-            "binding  {n}.route -> {n}.intake key=\"\" x-match=any-with-x retry-delay=* x-delay=* delay-until=* \
-             retry-to-exchange=* retry-probe=*"
-        ),
         format!("exchange {n} type=fanout durable"),
-        format!("binding  {n} -> exchange {n}.route key=\"\""),
+        format!("binding  {n} -> exchange {n}.next key=\"\""),
         format!("unbind   {n} -> {n}.intake key=\"\""),
         format!("queue    {n}.parked durable x-queue-type=stream"),
         format!(

@@ -186,7 +186,14 @@ impl<'a> HopContext<'a> {
         };
         forward.failure = true;
         if forward.due_at_ms > now_ms {
-            let tier = self.spec.next_wait(Duration::from_millis(forward.due_at_ms - now_ms));
+            let remaining = Duration::from_millis(forward.due_at_ms - now_ms);
+            // with delay levels the rest is composed exactly; without, it waits the first step
+            // at least that long in one leg (the due hop composes no further there)
+            let tier = if self.spec.exact_delays {
+                self.spec.next_wait(remaining)
+            } else {
+                self.spec.tier_for_min_delay(remaining)
+            };
             if let Some(own) = forward.properties.headers.as_mut() {
                 own.set(header::RETRY_TIER, long_string(&tier.name));
             }

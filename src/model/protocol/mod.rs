@@ -70,10 +70,6 @@ pub mod header {
     /// The value of [`RETRY_NEXT`] that sends a failure to the intake (its ladder is exhausted,
     /// or its next delay is drawn there).
     pub const NEXT_INTAKE: &str = "intake";
-    /// A failure carrying any of these goes to the intake (`N.L.route`'s binding, on the
-    /// header's presence): each asks for what only the intake does — an exact delay counted
-    /// from the failure, a scheduled delivery, a probe's failure.
-    pub const INTAKE_OWN: &[&str] = &[RETRY_DELAY, X_DELAY, DELAY_UNTIL, RETRY_TO_EXCHANGE, RETRY_PROBE];
     /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
     /// joined by `,`, oldest first, one appended per retry scheduled, at most
     /// [`super::MAX_HISTORY_ENTRIES`] (the newest). Tier names are compact durations (digits and

@@ -1185,10 +1185,7 @@ fn expired(queue: &str) -> FieldValue {
 fn rejected_into(delivered: &BasicProperties, tier: &str) -> BasicProperties {
     let mut back = delivered.clone();
     let headers = back.headers.get_or_insert_with(FieldTable::default);
-    headers.set(
-        "x-death",
-        FieldValue::FieldArray(vec![expired(tier), death("orders")].into()),
-    );
+    headers.set("x-death", FieldValue::FieldArray(vec![expired(tier), death("orders")]));
     back
 }
 
@@ -1253,7 +1250,7 @@ fn a_forged_route_gets_every_check_a_first_failure_gets() {
             ("retry-ladder", long_string("default")),
             (
                 "x-death",
-                FieldValue::FieldArray(vec![expired("ns.default.delay.200ms")].into()),
+                FieldValue::FieldArray(vec![expired("ns.default.delay.200ms")]),
             ),
         ];
         headers.extend(extra.iter().cloned());
@@ -1325,10 +1322,7 @@ fn a_wait_the_service_schedules_never_carries_retry_next() {
         headers: Some({
             let mut h = input.headers.clone().unwrap();
             h.remove("retry-next");
-            h.set(
-                "x-death",
-                FieldValue::FieldArray(vec![expired("ns.default.delay.1s")].into()),
-            );
+            h.set("x-death", FieldValue::FieldArray(vec![expired("ns.default.delay.1s")]));
             h
         }),
         ..Default::default()
@@ -1351,4 +1345,34 @@ fn a_retry_delay_beyond_the_longest_delay_is_refused_at_once() {
             p.detail
         );
     }
+}
+
+#[test]
+fn a_routed_failure_asking_a_longer_delay_waits_the_rest_never_less() {
+    // without delay levels: the intake would wait the first step at least the requested delay
+    // (1 s); the due hop, after the 200 ms tier, waits one step at least the rest (800 ms → 1 s)
+    let mut f = fixture();
+    f.spec.set_exact_delays(false);
+    let back = props(&[
+        ("retry-to", long_string("orders")),
+        ("retry-attempt", FieldValue::LongLongInt(0)),
+        ("retry-ladder", long_string("default")),
+        ("retry-next", long_string("200ms")),
+        ("retry-delay", FieldValue::LongInt(700)),
+    ]);
+    let out = forward(f.ctx().due(&back, NOW));
+    assert_eq!((out.kind, &*out.routing_key), (ForwardKind::Wait, "1s"));
+    assert_eq!(
+        out.due_at_ms,
+        NOW - 200 + 1_000,
+        "the intake's delay, counted from the failure"
+    );
+    // with levels: exactly the rest, composed
+    let f = fixture();
+    let out = forward(f.ctx().due(&back, NOW));
+    assert_eq!((out.kind, out.due_at_ms), (ForwardKind::Wait, NOW - 200 + 700));
+    assert_eq!(
+        &*out.routing_key, "500ms",
+        "the longest tier within the 500 ms left (a step)"
+    );
 }
