@@ -185,6 +185,11 @@ impl<'a> HopContext<'a> {
             park @ Decision::Park(_) => return park,
         };
         forward.failure = true;
+        if forward.attempt == 0 {
+            // a scheduled delivery (`x-delay`, `delay-until` added to a failure): the intake's
+            // own first wait, to the due queue or a tier, which then delivers it as scheduled
+            return Decision::Forward(forward);
+        }
         if forward.due_at_ms > now_ms {
             let remaining = Duration::from_millis(forward.due_at_ms - now_ms);
             // with delay levels the rest is composed exactly; without, it waits the first step

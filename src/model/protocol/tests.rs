@@ -1376,3 +1376,31 @@ fn a_routed_failure_asking_a_longer_delay_waits_the_rest_never_less() {
         "the longest tier within the 500 ms left (a step)"
     );
 }
+
+#[test]
+fn a_routed_failure_that_asks_for_a_scheduled_delivery_gets_the_intakes_schedule() {
+    let f = fixture();
+    let back = props(&[
+        ("retry-to", long_string("orders")),
+        ("retry-attempt", FieldValue::LongLongInt(1)),
+        ("retry-ladder", long_string("default")),
+        ("retry-next", long_string("500ms")),
+        ("x-delay", FieldValue::LongInt(2_000)),
+    ]);
+    let out = forward(f.ctx().due(&back, NOW));
+    assert_eq!(
+        (out.kind, out.attempt),
+        (ForwardKind::Wait, 0),
+        "no attempt: a scheduled delivery"
+    );
+    assert_eq!(
+        out.due_at_ms,
+        NOW - 500 + 2_000,
+        "counted from when it was published back"
+    );
+    assert_eq!(out.exchange, "ns.default.tiers");
+    assert_eq!(
+        header(&out.properties, "retry-scheduled"),
+        Some(&FieldValue::Boolean(true))
+    );
+}
