@@ -58,7 +58,7 @@ fn chapter(relative: &str) -> String {
 }
 
 /// Every Markdown file under `docs/src`.
-fn book_pages() -> Vec<PathBuf> {
+pub(crate) fn book_pages() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();

@@ -785,20 +785,8 @@ fn region(lang: Lang, region: Region) -> Vec<String> {
 
 /// Every Markdown file that quotes the examples: README and the pages of the book.
 fn quoting_files() -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                out.push(path);
-            }
-        }
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut out = vec![root.join("README.md")];
-    walk(&root.join("docs/src"), &mut out);
-    out.sort();
+    let mut out = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")];
+    out.extend(crate::docs::book_pages());
     out
 }
 
