@@ -60,9 +60,12 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Check => cli::check(&config),
-        Command::Plan { broker_version } => cli::plan(&config, broker_version),
+        Command::Check => runtime().block_on(cli::check(&config)),
+        Command::Plan { broker_version } => runtime().block_on(cli::plan(&config, broker_version)),
         Command::Apply => runtime().block_on(cli::serve::apply(&config)),
+        Command::Prune(args) => runtime()
+            .block_on(cli::prune::prune(&config, args))
+            .unwrap_or_else(failed),
         Command::Run { no_dev_broker } => runtime().block_on(cli::serve::run(config, &env, !no_dev_broker)),
         Command::Demo(args) => runtime().block_on(cli::demo::demo(&config, args)),
         Command::Probe => runtime().block_on(cli::probe::probe(&config)),

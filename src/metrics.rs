@@ -107,6 +107,13 @@ pub struct Metrics {
     released_messages: Family<LadderLabel, Counter>,
     /// Sessions started after a lost connection.
     pub reconnects: Counter,
+    /// SIGHUP reloads, by result (`applied`, `unchanged`, `invalid`).
+    reloads: Family<ResultLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
 }
 
 impl Default for Metrics {
@@ -141,6 +148,7 @@ impl Metrics {
             held_messages: Family::default(),
             released_messages: Family::default(),
             reconnects: Counter::default(),
+            reloads: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -239,7 +247,19 @@ impl Metrics {
             "Broker sessions started after a lost connection",
             m.reconnects.clone(),
         );
+        registry.register(
+            "ladder_config_reloads",
+            "SIGHUP reloads of the config and ladder files, by result (applied, unchanged, invalid)",
+            m.reloads.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Counts a SIGHUP reload that ended in `result` (`applied`, `unchanged`, `invalid`).
+    pub fn reloaded(&self, result: &str) {
+        self.reloads
+            .get_or_create(&ResultLabel { result: result.into() })
+            .inc();
     }
 
     /// The handles one ladder's loops use.

@@ -53,6 +53,51 @@ async fn until_ready(service: &State, shutdown: &CancellationToken) -> bool {
     true
 }
 
+/// How often the retired objects' counts are read again.
+const DRIFT_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Reads the retired objects the service found ([`State::drift`]) again every
+/// [`DRIFT_REFRESH`], on a connection of its own, so the API and the page show them draining and
+/// going; until `shutdown`. A failure is logged at debug and tried again next time.
+async fn refresh_drift(config: &Config, service: &State, shutdown: &CancellationToken) {
+    let mut connection: Option<ladder_amqp::Connection> = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(DRIFT_REFRESH) => {}
+        }
+        let seen = service
+            .drift
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Some(seen) = seen.filter(|s| !s.survey.retired.is_empty()) else {
+            continue;
+        };
+        if connection.as_ref().is_none_or(|c| !c.is_open()) {
+            let name = format!("{} drift", config.amqp.connection_name);
+            connection = crate::broker::supervisor::connect_named(&config.amqp, &name).await.ok();
+        }
+        let Some(open) = &connection else { continue };
+        let version = crate::broker::topology::version_of(open);
+        match crate::broker::drift::retired_now(open, config, version, &seen.registry).await {
+            Ok(retired) => {
+                let mut next = (*seen).clone();
+                next.survey.retired = retired;
+                next.at_ms = crate::clock::now_ms();
+                *service.drift.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(next));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the retired objects; trying again later");
+                connection = None;
+            }
+        }
+    }
+    if let Some(c) = connection {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.close(200, "stopping")).await;
+    }
+}
+
 /// Serves [`router`](fn@router) on `listener` until `shutdown`, then lets open requests finish.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>, shutdown: CancellationToken) -> std::io::Result<()> {
     axum::serve(listener, router(state))
@@ -76,7 +121,7 @@ pub async fn run(
     let address = listener.local_addr()?;
     let mut tasks = JoinSet::new();
     let poll = poller::run(
-        config,
+        config.clone(),
         service.clone(),
         publish,
         state.history.clone(),
@@ -105,6 +150,16 @@ pub async fn run(
             Ok(())
         }
         .instrument(info_span!("poller")),
+    );
+    tasks.spawn(
+        {
+            let (config, service, shutdown) = (config.clone(), service.clone(), shutdown.clone());
+            async move {
+                refresh_drift(&config, &service, &shutdown).await;
+                Ok(())
+            }
+        }
+        .instrument(info_span!("drift")),
     );
     tasks.spawn(serve(listener, state, shutdown.clone()).instrument(info_span!("admin", %address)));
     info!(%address, "admin server listening");

@@ -736,6 +736,27 @@ fn schemas() -> Value {
             "polled_at_ms": nullable(count()),
             "broker_error": nullable(json!({"type": "string"})),
             "ladders": {"type": "array", "items": {"$ref": "#/components/schemas/Ladder"}},
+            "drift": nullable(object(json!({
+                "read_at_ms": count(),
+                "retired": {"type": "array", "description": "objects the namespace declared before that the config no longer uses and that still exist (the book's Changing a ladder)", "items": object(json!({
+                    "name": {"type": "string"},
+                    "kind": {"type": "string", "enum": ["queue", "exchange"]},
+                    "ladder": {"type": "string"},
+                    "role": {"type": "string", "description": "entry, intake, due, delay.<tier>, parked …"},
+                    "ladder_retired": {"type": "boolean", "description": "no ladder file names its ladder any more"},
+                    "stream": {"type": "boolean"},
+                    "messages": count(),
+                    "consumers": count(),
+                    "last_due_by_ms": nullable(json!({"type": "integer", "minimum": 0, "format": "int64",
+                        "description": "when the last message waiting in a retired tier is due at the latest (ms since the epoch)"})),
+                    "note": {"type": "string"},
+                }), &["last_due_by_ms"])},
+                "differing": {"type": "array", "items": object(json!({
+                    "name": {"type": "string"},
+                    "kind": {"type": "string", "enum": ["queue", "exchange"]},
+                    "detail": {"type": "string"},
+                }), &[])},
+            }), &[])),
         }), &[]),
         "Ladder": object(json!({
             "name": {"type": "string"},

@@ -95,7 +95,7 @@ async fn metrics(Extract(state): Extract<Arc<AdminState>>) -> impl IntoResponse 
 
 async fn ladders(Extract(state): Extract<Arc<AdminState>>) -> Json<LaddersView> {
     let snapshot = state.snapshots.borrow().clone();
-    Json(LaddersView::new(&state.config, snapshot.as_deref()))
+    Json(LaddersView::new(&state.config, snapshot.as_deref()).with_drift(&state.service))
 }
 
 #[cfg(test)]

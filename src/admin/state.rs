@@ -53,6 +53,20 @@ pub(crate) struct LaddersView {
     /// Why the latest poll could not read the broker.
     pub(crate) broker_error: Option<String>,
     pub(crate) ladders: Vec<LadderView>,
+    /// What the namespace declared before and the config no longer uses, and what the broker
+    /// holds with other arguments; `null` until the service looked (after it declared).
+    pub(crate) drift: Option<DriftView>,
+}
+
+/// The namespace's drift, as the service saw it after declaring and the admin side refreshes it.
+#[derive(Debug, Serialize)]
+pub(crate) struct DriftView {
+    /// When its counts were read (ms since the epoch).
+    pub(crate) read_at_ms: u64,
+    /// Retired tiers and ladders' objects that still exist, with their messages.
+    pub(crate) retired: Vec<crate::model::drift::Retired>,
+    /// Objects the broker holds with other arguments than the config's.
+    pub(crate) differing: Vec<crate::broker::drift::Difference>,
 }
 
 #[derive(Debug, Serialize)]
@@ -154,6 +168,22 @@ impl LaddersView {
             polled_at_ms: snapshot.map(|s| s.at_ms),
             broker_error: snapshot.and_then(|s| s.broker_error.clone()),
             ladders,
+            drift: None,
         }
+    }
+
+    /// With the drift the service saw (`service.drift`).
+    pub(crate) fn with_drift(mut self, service: &State) -> Self {
+        let seen = service
+            .drift
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        self.drift = seen.map(|seen| DriftView {
+            read_at_ms: seen.at_ms,
+            retired: seen.survey.retired.clone(),
+            differing: seen.survey.differing.clone(),
+        });
+        self
     }
 }

@@ -233,7 +233,7 @@ pub(crate) async fn overview(
     Query(pairs): Query<Vec<(String, String)>>,
 ) -> Html<String> {
     let snapshot = state.snapshots.borrow().clone();
-    let view = LaddersView::new(&state.config, snapshot.as_deref());
+    let view = LaddersView::new(&state.config, snapshot.as_deref()).with_drift(&state.service);
     // a copy, so the lock is not held while rendering
     let history = state
         .history
@@ -307,6 +307,38 @@ pub(crate) async fn overview(
                             }
                         }
                         a .parked-link href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }
+                    }
+                }
+            }
+        }
+        @if let Some(drift) = view.drift.as_ref().filter(|d| !d.retired.is_empty() || !d.differing.is_empty()) {
+            section #drift {
+                h2 { "Retired and differing topology" }
+                p .muted {
+                    "What this namespace declared before and its config no longer uses (read " (format_time(drift.read_at_ms))
+                    "). A retired tier of a ladder still served drains by itself; " code { "ladder prune" }
+                    " removes what is empty (docs/src/operations/changing-a-ladder.md)."
+                }
+                @if !drift.retired.is_empty() {
+                    table #retired {
+                        tr { th { "Object" } th { "Ladder" } th { "Messages" } th { "Last due by" } th { "Note" } }
+                        @for r in &drift.retired {
+                            tr data-retired=(r.name) {
+                                td { (r.kind.as_str()) " " code { (r.name) } }
+                                td { (r.ladder) @if r.ladder_retired { " (retired)" } }
+                                td { @if r.stream { "-" } @else { (grouped(u64::from(r.messages))) } }
+                                td { @match r.last_due_by_ms { Some(at) => { (format_time(at)) } None => { "-" } } }
+                                td { (r.note) }
+                            }
+                        }
+                    }
+                }
+                @if !drift.differing.is_empty() {
+                    table #differing {
+                        tr { th { "Object" } th { "Differs from the config" } }
+                        @for d in &drift.differing {
+                            tr { td { (d.kind.as_str()) " " code { (d.name) } } td { (d.detail) } }
+                        }
                     }
                 }
             }

@@ -2,6 +2,7 @@
 //! relay loops and their supervisor, and reading and acting on the parking lot.
 
 pub mod cancels;
+pub mod drift;
 pub mod holds;
 pub mod lot;
 pub mod relay;

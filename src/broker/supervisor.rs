@@ -56,6 +56,20 @@ pub struct State {
     /// Every ladder's runtime once `run` made them: the admin side reads their holds and
     /// breakers (never the other way round).
     pub ladders: std::sync::RwLock<Vec<Arc<LadderRuntime>>>,
+    /// The namespace's drift as last seen: written by the service after it declared its
+    /// topology, its counts refreshed by the admin side (`None` before the first look).
+    pub drift: std::sync::RwLock<Option<Arc<DriftSeen>>>,
+}
+
+/// The namespace's drift ([`crate::broker::drift`]) at one moment.
+#[derive(Debug, Clone)]
+pub struct DriftSeen {
+    /// What the topology stream said.
+    pub registry: crate::model::drift::Registry,
+    /// What is retired and what differs.
+    pub survey: crate::broker::drift::Survey,
+    /// When (Unix ms).
+    pub at_ms: u64,
 }
 
 impl State {
@@ -116,19 +130,84 @@ async fn connect_from(amqp: &AmqpConfig, name: &str, first: usize) -> ladder_amq
     Err(last.unwrap_or(ladder_amqp::Error::ConnectionGone))
 }
 
-/// Declares the whole topology of `config` once (what `ladder apply` does).
+/// Declares the whole topology of `config` once (what `ladder apply` does), records it in the
+/// namespace's topology stream, and logs its drift.
 pub async fn apply(config: &Config) -> Result<(), ApplyError> {
     let connection = connect(&config.amqp).await?;
     let result = declare(&connection, config).await;
+    if let Ok(older) = &result {
+        look_at_drift(&connection, config, &State::default(), older.clone()).await;
+    }
     close(&connection).await;
-    Ok(result?)
+    result.map(|_| ()).map_err(ApplyError::from)
+}
+
+/// How long recording the topology and reading the retired objects may take after declaring.
+const DRIFT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// After declaring: records the plan in the namespace's topology stream, reads what is retired
+/// (and `older`, the queues kept in an older shape), logs it and keeps it in `state`. A failure
+/// here is logged and does not stop the service: the relay does not depend on it.
+async fn look_at_drift(connection: &Connection, config: &Config, state: &State, older: Vec<topology::OlderQueue>) {
+    let version = topology::version_of(connection);
+    let looked = tokio::time::timeout(DRIFT_TIMEOUT, async {
+        let registry = crate::broker::drift::record(connection, config, version).await?;
+        let retired = crate::broker::drift::retired_now(connection, config, version, &registry).await?;
+        Ok::<_, crate::broker::drift::DriftError>((registry, retired))
+    })
+    .await;
+    let (registry, retired) = match looked {
+        Ok(Ok(seen)) => seen,
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot record the topology or read what is retired; drift is not shown");
+            return;
+        }
+        Err(_) => {
+            warn!(timeout = ?DRIFT_TIMEOUT, "recording the topology took too long; drift is not shown");
+            return;
+        }
+    };
+    for r in &retired {
+        warn!(
+            object = %r.name,
+            ladder = %r.ladder,
+            role = %r.role,
+            messages = r.messages,
+            last_due_by = %r.last_due_by_ms.map(crate::model::lot::text::format_time).unwrap_or_default(),
+            "retired: {}",
+            r.note
+        );
+    }
+    if !retired.is_empty() {
+        info!(
+            retired = retired.len(),
+            "objects the config no longer uses; `ladder check` lists them, `ladder prune` removes the empty ones"
+        );
+    }
+    let differing = older
+        .iter()
+        .map(|o| crate::broker::drift::Difference {
+            name: o.name.clone(),
+            kind: crate::model::drift::Kind::Queue,
+            detail: format!(
+                "declared by an older Ladder, without {}; kept (a policy can add it)",
+                o.missing.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+            ),
+        })
+        .collect();
+    *state.drift.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(DriftSeen {
+        registry,
+        survey: crate::broker::drift::Survey { retired, differing },
+        at_ms: crate::clock::now_ms(),
+    }));
 }
 
 /// Declares the topology of `config` for the broker `connection` is open to, and warns about
-/// queues kept in an older shape (see [`topology::OlderQueue`]).
-async fn declare(connection: &Connection, config: &Config) -> Result<(), TopologyError> {
+/// queues kept in an older shape (see [`topology::OlderQueue`]), which it returns.
+async fn declare(connection: &Connection, config: &Config) -> Result<Vec<topology::OlderQueue>, TopologyError> {
     let version = topology::version_of(connection);
-    for older in topology::apply(connection, &topology::plan(config, version)).await? {
+    let older_queues = topology::apply(connection, &topology::plan(config, version)).await?;
+    for older in &older_queues {
         let missing: Vec<&str> = older.missing.iter().map(|(k, _)| *k).collect();
         warn!(
             queue = %older.name,
@@ -138,7 +217,7 @@ async fn declare(connection: &Connection, config: &Config) -> Result<(), Topolog
              arguments to an existing queue, so give it what it lacks with a policy"
         );
     }
-    Ok(())
+    Ok(older_queues)
 }
 
 /// `apply` failed.
@@ -183,7 +262,7 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
     // the broker to try first: after a lost connection, the next one (another cluster node)
     let mut next_broker = 0;
     loop {
-        match session(&config, &ladders, health, &shutdown, next_broker).await {
+        match session(&config, &ladders, &state, &shutdown, next_broker).await {
             Ok(()) => return Ok(()),
             Err(SessionError::Fatal(e)) => {
                 health.set_ready(false);
@@ -232,10 +311,11 @@ impl SessionError {
 async fn session(
     config: &Config,
     ladders: &[Arc<LadderRuntime>],
-    health: &Health,
+    state: &State,
     shutdown: &CancellationToken,
     first_broker: usize,
 ) -> Result<(), SessionError> {
+    let health = &state.health;
     let (connection, broker) = tokio::select! {
         connected = connect_from(&config.amqp, &config.amqp.connection_name, first_broker) => connected.map_err(SessionError::retry)?,
         () = shutdown.cancelled() => return Ok(()),
@@ -247,7 +327,10 @@ async fn session(
         broker: Some(broker),
     };
     let declared = match declare(&connection, config).await {
-        Ok(()) => Ok(()),
+        Ok(older) => {
+            look_at_drift(&connection, config, state, older).await;
+            Ok(())
+        }
         Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict.into())),
         Err(other) => Err(retry(other.to_string())),
     };

@@ -164,7 +164,7 @@ async fn declare(
 }
 
 /// Arguments as an AMQP table.
-fn table(args: &[(&'static str, ArgValue)]) -> FieldTable {
+pub(crate) fn table(args: &[(&'static str, ArgValue)]) -> FieldTable {
     let mut table = FieldTable::new();
     for (key, value) in args {
         let value = match value {

@@ -15,12 +15,14 @@ pub mod holds;
 pub mod log;
 pub mod parked;
 pub mod probe;
+pub mod prune;
 pub mod scheduled;
 pub mod serve;
 
 pub use demo::DemoArgs;
 pub use holds::{HoldArgs, HoldsArgs, ResumeArgs};
 pub use parked::ParkedArgs;
+pub use prune::PruneArgs;
 pub use scheduled::ScheduledArgs;
 
 /// The config file when `--config` is not given.
@@ -50,9 +52,12 @@ pub enum Command {
         #[arg(long)]
         no_dev_broker: bool,
     },
-    /// Validate the config and the ladders; exit 64 on the first problem.
+    /// Validate the config and the ladders; exit 64 on the first problem. When a broker answers,
+    /// also list the namespace's retired tiers and ladders (with the messages still waiting in
+    /// them) and the objects whose arguments differ from the config.
     Check,
-    /// Print every exchange, queue, binding and argument that would be declared.
+    /// Print every exchange, queue, binding and argument that would be declared; when a broker
+    /// answers, what is retired or differs follows on stderr.
     Plan {
         /// The RabbitMQ version to plan for (`3.10`, `4.0`, `4.3`); the service reads it from the
         /// broker. Default: the newest supported.
@@ -61,6 +66,10 @@ pub enum Command {
     },
     /// Declare the topology and exit.
     Apply,
+    /// Delete the namespace's retired tiers and retired ladders' queues and exchanges once they
+    /// are empty; never what the config uses, nor another namespace's. Exit 75 when something
+    /// retired still holds messages (kept, with the reason).
+    Prune(PruneArgs),
     /// Inspect, search, replay and discard parked messages.
     Parked(Box<ParkedArgs>),
     /// Cancel scheduled deliveries by message id.
@@ -117,8 +126,8 @@ pub fn choose_ladder<'c>(
     }
 }
 
-/// `ladder check`: the config loaded; say what it holds.
-pub fn check(config: &Config) -> ExitCode {
+/// `ladder check`: the config loaded; say what it holds, and what the broker shows of drift.
+pub async fn check(config: &Config) -> ExitCode {
     println!("{}: ok ({} ladders)", config.file.display(), config.ladders.len());
     for ladder in &config.ladders {
         let steps: Vec<_> = ladder.steps.iter().map(|t| t.name.as_str()).collect();
@@ -165,18 +174,29 @@ pub fn check(config: &Config) -> ExitCode {
             );
         }
     }
+    for line in prune::describe(config, &prune::look(config).await) {
+        println!("{line}");
+    }
     ExitCode::SUCCESS
 }
 
 /// `ladder plan`: every declaration, for `version` (default: the newest supported). A reader that
 /// stopped early (`| head`) ends it quietly with 0, as ripgrep does; `println!` would panic.
-pub fn plan(config: &Config, version: Option<topology::BrokerVersion>) -> ExitCode {
+pub async fn plan(config: &Config, version: Option<topology::BrokerVersion>) -> ExitCode {
     use std::io::Write as _;
-    let mut stdout = std::io::stdout().lock();
-    let written = topology::plan(config, version.unwrap_or(topology::BrokerVersion::LATEST))
-        .iter()
-        .try_for_each(|declaration| writeln!(stdout, "{declaration}"))
-        .and_then(|()| stdout.flush());
+    let written = {
+        let mut stdout = std::io::stdout().lock();
+        topology::plan(config, version.unwrap_or(topology::BrokerVersion::LATEST))
+            .iter()
+            .try_for_each(|declaration| writeln!(stdout, "{declaration}"))
+            .and_then(|()| stdout.flush())
+    };
+    if written.is_ok() {
+        // stdout stays the declarations only, for scripts; drift is for the operator
+        for line in prune::describe(config, &prune::look(config).await) {
+            eprintln!("# {line}");
+        }
+    }
     match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,

@@ -40,7 +40,8 @@ pub async fn apply(config: &Config) -> ExitCode {
 }
 
 /// `ladder run`: the service, after a broker answered (or the development broker started, with
-/// `allow_dev_broker`; see [`dev_broker`]).
+/// `allow_dev_broker`; see [`dev_broker`]). SIGHUP reloads the config and the ladder files
+/// ([`reload`]); SIGTERM and SIGINT drain and stop.
 pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker: bool) -> ExitCode {
     let provider = match telemetry::provider_from_env(env) {
         Ok(provider) => provider,
@@ -54,7 +55,12 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
         ..State::default()
     });
     info!(tracing = state.telemetry.enabled(), "telemetry");
-    let listener = match TcpListener::bind(config.admin.bind).await {
+    // kept as a std listener: each admin server after a reload serves a clone of it, so the
+    // port stays bound (connections wait in its backlog) while one stops and the next starts
+    let listener = match std::net::TcpListener::bind(config.admin.bind).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    }) {
         Ok(listener) => listener,
         Err(e) => {
             error!(bind = %config.admin.bind, error = %e, "cannot listen for the admin server (admin.bind)");
@@ -66,25 +72,87 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
     if let Err(code) = dev_broker::ensure(&config, allow_dev_broker).await {
         return code;
     }
-    let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
+    let (signal_tx, mut signals) = tokio::sync::mpsc::channel(8);
+    let signal_task = tokio::spawn(forward_signals(signal_tx));
     info!(config = %config.file.display(), namespace = %config.namespace, ladders = config.ladders.len(), "starting");
     let listener_address = listener.local_addr().unwrap_or(config.admin.bind);
-    let config = Arc::new(config);
-    // The admin side stops only after the service drained, so /metrics can watch the drain.
-    let admin_stop = CancellationToken::new();
-    let mut admin = tokio::spawn(
-        admin::run(listener, config.clone(), state.clone(), admin_stop.clone()).instrument(info_span!("admin")),
-    );
-    let welcome = tokio::spawn(welcome(listener_address, config.clone(), state.clone()));
-    let result = service::run(config, state, shutdown).await;
-    welcome.abort();
-    signals.abort();
-    admin_stop.cancel();
-    if tokio::time::timeout(ADMIN_STOP_TIMEOUT, &mut admin).await.is_err() {
-        warn!(timeout = ?ADMIN_STOP_TIMEOUT, "the admin server did not stop in time; aborting it");
-        admin.abort();
-    }
+    let mut fingerprint = files_fingerprint(&config);
+    let mut config = Arc::new(config);
+    let result = loop {
+        let shutdown = CancellationToken::new();
+        // The admin side stops only after the service drained, so /metrics can watch the drain.
+        let admin_stop = CancellationToken::new();
+        let admin_listener = match listener.try_clone().and_then(TcpListener::from_std) {
+            Ok(l) => l,
+            Err(e) => {
+                error!(error = %e, "cannot serve the admin listener");
+                return ExitCode::from(exit::UNAVAILABLE);
+            }
+        };
+        let mut admin = tokio::spawn(
+            admin::run(admin_listener, config.clone(), state.clone(), admin_stop.clone())
+                .instrument(info_span!("admin")),
+        );
+        let welcome = tokio::spawn(welcome(listener_address, config.clone(), state.clone()));
+        let mut service = tokio::spawn(service::run(config.clone(), state.clone(), shutdown.clone()));
+        // serve until the service ends, a stop signal, or a reload with a new config
+        let next = loop {
+            tokio::select! {
+                ended = &mut service => break Next::Ended(ended),
+                signal = signals.recv() => match signal {
+                    Some(Signal::Stop(name)) => {
+                        info!("{name}: draining");
+                        shutdown.cancel();
+                        break Next::Ended((&mut service).await);
+                    }
+                    // the signal task ended (it cannot listen): serve until the service ends
+                    None => break Next::Ended((&mut service).await),
+                    Some(Signal::Reload) => match reload(&config, env, fingerprint) {
+                        Reloaded::Invalid(e) => {
+                            state.metrics.reloaded("invalid");
+                            error!(error = %e, "SIGHUP: the new config is invalid; serving on with the running one");
+                        }
+                        Reloaded::Unchanged => {
+                            state.metrics.reloaded("unchanged");
+                            info!("SIGHUP: the config and ladder files are unchanged");
+                        }
+                        Reloaded::New(new, print) => {
+                            info!(ladders = new.ladders.len(), "SIGHUP: a new config; draining the running one, then serving the new one");
+                            shutdown.cancel();
+                            match (&mut service).await {
+                                Ok(Ok(())) => {
+                                    state.metrics.reloaded("applied");
+                                    fingerprint = print;
+                                    break Next::Reload(new);
+                                }
+                                other => break Next::Ended(other),
+                            }
+                        }
+                    },
+                },
+            }
+        };
+        welcome.abort();
+        admin_stop.cancel();
+        if tokio::time::timeout(ADMIN_STOP_TIMEOUT, &mut admin).await.is_err() {
+            warn!(timeout = ?ADMIN_STOP_TIMEOUT, "the admin server did not stop in time; aborting it");
+            admin.abort();
+        }
+        match next {
+            Next::Reload(new) => {
+                if new.admin.bind != config.admin.bind {
+                    warn!(bind = %config.admin.bind, new = %new.admin.bind, "admin.bind changes on a restart only; the admin server stays where it is");
+                }
+                config = Arc::new(new);
+            }
+            Next::Ended(Ok(result)) => break result,
+            Next::Ended(Err(e)) => {
+                error!(error = %e, "the service task failed");
+                break Ok(());
+            }
+        }
+    };
+    signal_task.abort();
     if let Some(provider) = provider {
         // flush what the batch processor still holds
         if let Err(e) = provider.shutdown() {
@@ -101,6 +169,58 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
             ExitCode::from(exit::CONFLICT)
         }
     }
+}
+
+/// What ended one config's serving.
+enum Next {
+    /// The service ended (drained on a signal, or a fault reconnecting cannot fix).
+    Ended(Result<Result<(), service::ServiceError>, tokio::task::JoinError>),
+    /// It drained for this new config.
+    Reload(Config),
+}
+
+/// What a SIGHUP found.
+enum Reloaded {
+    /// The files load into a valid config that differs: serve it (with its files' fingerprint).
+    New(Config, u64),
+    /// The files are as they were.
+    Unchanged,
+    /// The files do not load; the running config stays.
+    Invalid(String),
+}
+
+/// Reads the config file `running` came from (with the same environment) and its ladder files
+/// again.
+fn reload(running: &Config, env: &HashMap<String, String>, fingerprint: u64) -> Reloaded {
+    match ladder::config::load(&running.file, env) {
+        Err(e) => Reloaded::Invalid(e.to_string()),
+        Ok(new) => {
+            let print = files_fingerprint(&new);
+            if print == fingerprint {
+                Reloaded::Unchanged
+            } else {
+                Reloaded::New(new, print)
+            }
+        }
+    }
+}
+
+/// A hash of the config file's and every ladder file's bytes: a reload with nothing changed
+/// restarts nothing.
+fn files_fingerprint(config: &Config) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(&config.file).unwrap_or_default().hash(&mut hasher);
+    let mut files: Vec<_> = std::fs::read_dir(&config.ladders_dir)
+        .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|path: &std::path::PathBuf| path.extension().is_some_and(|ext| ext == "toml"));
+    files.sort();
+    for file in files {
+        file.hash(&mut hasher);
+        std::fs::read(&file).unwrap_or_default().hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// How often [`welcome`] looks whether the service is ready.
@@ -126,16 +246,33 @@ async fn welcome(admin: SocketAddr, config: Arc<Config>, state: Arc<State>) {
     );
 }
 
-/// Cancels `shutdown` on the first SIGTERM or SIGINT.
-async fn wait_for_signal(shutdown: CancellationToken) {
+/// A signal the service acts on.
+enum Signal {
+    /// SIGTERM or SIGINT: drain and stop.
+    Stop(&'static str),
+    /// SIGHUP: reload.
+    Reload,
+}
+
+/// Sends every SIGTERM, SIGINT and SIGHUP to `signals`.
+async fn forward_signals(signals: tokio::sync::mpsc::Sender<Signal>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
         error!("cannot listen for signals; stop the service with SIGKILL");
-        return;
+        return std::future::pending().await;
     };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: draining"),
-        _ = int.recv() => info!("SIGINT: draining"),
+    loop {
+        let signal = tokio::select! {
+            _ = term.recv() => Signal::Stop("SIGTERM"),
+            _ = int.recv() => Signal::Stop("SIGINT"),
+            _ = hup.recv() => Signal::Reload,
+        };
+        if signals.send(signal).await.is_err() {
+            return;
+        }
     }
-    shutdown.cancel();
 }

@@ -10,6 +10,7 @@
 pub mod accounting;
 pub mod backoff;
 pub mod cancels;
+pub mod drift;
 pub mod envelope;
 pub mod holds;
 pub mod ladder;

@@ -76,6 +76,12 @@ impl Names {
         format!("{}.held.{}~{hash:016x}", self.intake_exchange, &destination[..keep])
     }
 
+    /// `N.topology`: the namespace's topology stream, the record of everything its ladders
+    /// declared (`model::drift`).
+    pub fn topology(namespace: &str) -> String {
+        format!("{namespace}.topology")
+    }
+
     /// `N.L.delay.<tier>`.
     pub fn tier_queue(&self, tier: &Tier) -> String {
         self.tier_queue_named(&tier.name)

@@ -157,10 +157,63 @@ pub const DELIVERY_LIMIT: i64 = 100;
 /// Everything the service declares for `ladders` in `namespace` on a broker of `version`, in
 /// an order that declares before binding.
 pub fn plan(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Declaration> {
-    ladders
-        .iter()
-        .flat_map(|spec| plan_ladder(&Names::new(namespace, &spec.name), spec, version))
-        .collect()
+    let mut out = vec![topology_stream(namespace)];
+    out.extend(
+        ladders
+            .iter()
+            .flat_map(|spec| plan_ladder(&Names::new(namespace, &spec.name), spec, version)),
+    );
+    out
+}
+
+/// `N.topology`, the namespace's record of what it declared (`model::drift`): a stream kept by
+/// size, each record holding everything known, so the newest alone is enough.
+pub fn topology_stream(namespace: &str) -> Declaration {
+    Declaration::Queue {
+        name: Names::topology(namespace),
+        args: vec![
+            ("x-queue-type", ArgValue::Str("stream".into())),
+            ("x-max-length-bytes", ArgValue::Int(TOPOLOGY_MAX_BYTES)),
+            ("x-stream-max-segment-size-bytes", ArgValue::Int(HOLDS_SEGMENT_BYTES)),
+        ],
+        older: None,
+    }
+}
+
+/// The topology stream's retention: a record of ten ladders is some 40 KiB, and one is written
+/// only when a plan adds something.
+pub const TOPOLOGY_MAX_BYTES: i64 = 8 * 1024 * 1024;
+
+/// The bindings that route into tier `tier` of ladder `spec` (by tier name from `N.L.tiers`, by
+/// `retry-next` from `N.L.next`): what `ladder prune` removes before it looks a last time whether
+/// a retired tier is empty and deletes it. Unbinding one that does not exist is no error.
+pub fn tier_inflows(names: &Names, ladder: &str, tier: &str) -> Vec<Declaration> {
+    let queue = names.tier_queue_named(tier);
+    vec![
+        Declaration::Binding {
+            exchange: names.tiers_exchange.clone(),
+            queue: queue.clone(),
+            key: tier.into(),
+            args: Vec::new(),
+            to_exchange: false,
+        },
+        Declaration::Binding {
+            exchange: names.next_exchange.clone(),
+            queue,
+            key: String::new(),
+            args: next_match(ladder, tier),
+            to_exchange: false,
+        },
+    ]
+}
+
+/// The match of a `N.L.next` binding: `retry-ladder` and `retry-next`.
+fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgValue)> {
+    vec![
+        ("x-match", ArgValue::Str("all".into())),
+        (RETRY_LADDER, ArgValue::Str(ladder.into())),
+        (RETRY_NEXT, ArgValue::Str(value.into())),
+    ]
 }
 
 /// The declarations of one ladder.
@@ -251,13 +304,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     out.push(exchange(&names.first_exchange, "fanout"));
     out.push(bind(&names.first_exchange, &names.intake_queue, ""));
     out.push(headers(&names.next_exchange, &names.first_exchange));
-    let next = |value: &str| {
-        vec![
-            ("x-match", ArgValue::Str("all".into())),
-            (RETRY_LADDER, ArgValue::Str(spec.name.clone())),
-            (RETRY_NEXT, ArgValue::Str(value.into())),
-        ]
-    };
+    let next = |value: &str| next_match(&spec.name, value);
     for tier in &spec.steps {
         out.push(matching(
             &names.next_exchange,
