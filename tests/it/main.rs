@@ -26,6 +26,7 @@ mod parking;
 mod parking_http;
 mod regressions;
 mod retry;
+mod retune;
 mod scheduled;
 mod security;
 mod traces;
