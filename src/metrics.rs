@@ -252,6 +252,10 @@ impl Metrics {
             "SIGHUP reloads of the config and ladder files, by result (applied, unchanged, invalid)",
             m.reloads.clone(),
         );
+        // at 0 from the start, so an alert on an increase sees the first one
+        for result in ["applied", "unchanged", "invalid"] {
+            m.reloads.get_or_create(&ResultLabel { result: result.into() });
+        }
         Metrics { registry, ..m }
     }
 

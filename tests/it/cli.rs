@@ -171,6 +171,11 @@ async fn a_missing_config_file_exits_64() {
 fn contract(ns: &str) -> Vec<String> {
     let n = format!("{ns}.default");
     vec![
+        // the namespace's own record of what it declared (model::drift)
+        format!(
+            "queue    {ns}.topology durable x-queue-type=stream x-max-length-bytes=8388608 \
+             x-stream-max-segment-size-bytes=1048576"
+        ),
         format!("exchange {n}.quarantine type=fanout durable"),
         format!("queue    {n}.quarantine durable x-queue-type=quorum x-delivery-limit=-1"),
         format!("binding  {n}.quarantine -> {n}.quarantine key=\"\""),

@@ -973,6 +973,7 @@ impl Checker {
                     "start",
                     "stop",
                     "restart",
+                    "reload",
                     "enable",
                     "disable",
                     "daemon-reload",
