@@ -128,6 +128,17 @@ fn bad_rows(ns: &str, orders: &str) -> Vec<Row> {
             vec![to(), ("retry-delay", FieldValue::LongInt(-5))],
             "invalid-header",
         ),
+        // beyond the longest delay (49 days): refused where it enters, not after weeks of waiting
+        row(
+            "retry-delay is a year",
+            vec![to(), ("retry-delay", text("1y"))],
+            "invalid-header",
+        ),
+        row(
+            "retry-delay is i64::MAX ms",
+            vec![to(), ("retry-delay", FieldValue::LongLongInt(i64::MAX))],
+            "invalid-header",
+        ),
         row(
             "retry-delay is a table",
             vec![to(), ("retry-delay", table(vec![("ms", FieldValue::LongInt(100))]))],
