@@ -254,7 +254,7 @@ impl Metrics {
         );
         // at 0 from the start, so an alert on an increase sees the first one
         for result in ["applied", "unchanged", "invalid"] {
-            m.reloads.get_or_create(&ResultLabel { result: result.into() });
+            let _ = m.reloads.get_or_create(&ResultLabel { result: result.into() });
         }
         Metrics { registry, ..m }
     }

@@ -326,22 +326,26 @@ pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: b
     let registry = read(connection, &config.namespace).await?;
     let retired = retired_now(connection, config, version, &registry).await?;
     let steps = crate::model::drift::prune_plan(&retired, with_parking_lot);
-    // a retired whole ladder: exchanges first, so nothing new can enter its queues
+    // a retired whole ladder: the exchanges that lead into its queues first (its way in first),
+    // so nothing new can enter them; those its queues dead-letter into (due, quarantine) last,
+    // and only when none of its queues was kept
     let mut out = Vec::new();
     let mut gone = Vec::new();
     let (queues, exchanges): (Vec<_>, Vec<_>) = steps.into_iter().partition(|s| s.object().kind == Kind::Queue);
-    for step in exchanges {
+    let (outflows, inflows): (Vec<_>, Vec<_>) = exchanges
+        .into_iter()
+        .partition(|s| matches!(s.object().role.as_str(), "due" | "quarantine"));
+    for step in inflows {
         match step {
             PruneStep::Keep(r, why) => out.push(Pruned::Kept(r, why)),
             PruneStep::Delete(r) => {
-                let channel = bounded("opening a channel", connection.create_channel()).await?;
-                bounded("deleting an exchange", channel.exchange_delete(&r.name)).await?;
-                let _ = channel.close(200, "pruned").await;
+                delete_exchange(connection, &r.name).await?;
                 gone.push((r.kind, r.name.clone()));
                 out.push(Pruned::Deleted(r));
             }
         }
     }
+    let mut ladders_kept = BTreeSet::new();
     for step in queues {
         let r = match step {
             PruneStep::Keep(r, why) => {
@@ -375,6 +379,7 @@ pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: b
                 }
             }
             let _ = channel.close(200, "kept").await;
+            ladders_kept.insert(r.ladder.clone());
             out.push(Pruned::Kept(
                 r,
                 format!(
@@ -393,8 +398,30 @@ pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: b
         gone.push((r.kind, r.name.clone()));
         out.push(Pruned::Deleted(r));
     }
+    for step in outflows {
+        match step {
+            PruneStep::Keep(r, why) => out.push(Pruned::Kept(r, why)),
+            PruneStep::Delete(r) if ladders_kept.contains(&r.ladder) => {
+                let why = format!("ladder {} still has queues that dead-letter into it", r.ladder);
+                out.push(Pruned::Kept(r, why));
+            }
+            PruneStep::Delete(r) => {
+                delete_exchange(connection, &r.name).await?;
+                gone.push((r.kind, r.name.clone()));
+                out.push(Pruned::Deleted(r));
+            }
+        }
+    }
     record_pruned(connection, &config.namespace, gone).await?;
     Ok(out)
+}
+
+/// Deletes exchange `name` on a channel of its own.
+async fn delete_exchange(connection: &Connection, name: &str) -> Result<(), DriftError> {
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    bounded("deleting an exchange", channel.exchange_delete(name)).await?;
+    let _ = channel.close(200, "pruned").await;
+    Ok(())
 }
 
 /// Arguments as an AMQP table.
