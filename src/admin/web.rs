@@ -320,15 +320,31 @@ pub(crate) async fn overview(
                     " removes what is empty (docs/src/operations/changing-a-ladder.md)."
                 }
                 @if !drift.retired.is_empty() {
+                    @let (tiers, ladders) = retired_rows(&drift.retired);
                     table #retired {
-                        tr { th { "Object" } th { "Ladder" } th { "Messages" } th { "Last due by" } th { "Note" } }
-                        @for r in &drift.retired {
+                        tr { th { "Retired" } th { "Ladder" } th { "Messages" } th { "Last due by" } th { "Note" } }
+                        @for r in tiers {
                             tr data-retired=(r.name) {
                                 td { (r.kind.as_str()) " " code { (r.name) } }
-                                td { (r.ladder) @if r.ladder_retired { " (retired)" } }
+                                td { (r.ladder) }
                                 td { @if r.stream { "-" } @else { (grouped(u64::from(r.messages))) } }
                                 td { @match r.last_due_by_ms { Some(at) => { (format_time(at)) } None => { "-" } } }
                                 td { (r.note) }
+                            }
+                        }
+                        @for (ladder, objects, messages) in ladders {
+                            tr data-retired-ladder=(ladder) {
+                                td { "ladder " code { (ladder) } ": " (objects) " queues and exchanges" }
+                                td { (ladder) " (retired)" }
+                                td { (grouped(messages)) }
+                                td { "-" }
+                                td {
+                                    @if messages > 0 {
+                                        "Messages wait and no replica serves this ladder: put its file back until they drain."
+                                    } @else {
+                                        "Empty: ladder prune removes it (its parking lot only with --with-parking-lot)."
+                                    }
+                                }
                             }
                         }
                     }
@@ -365,6 +381,29 @@ pub(crate) async fn overview(
         }
     };
     page_with("Ladders", refresh.then_some(OVERVIEW_REFRESH_SECONDS), body)
+}
+
+/// The retired objects of ladders still served, one row each, and the retired ladders, one row
+/// each: (name, objects, messages waiting in their queues).
+fn retired_rows(
+    retired: &[crate::model::drift::Retired],
+) -> (Vec<&crate::model::drift::Retired>, Vec<(String, usize, u64)>) {
+    let mut ladders: Vec<(String, usize, u64)> = Vec::new();
+    let mut tiers = Vec::new();
+    for r in retired {
+        if !r.ladder_retired {
+            tiers.push(r);
+            continue;
+        }
+        match ladders.iter_mut().find(|(name, _, _)| *name == r.ladder) {
+            Some((_, objects, messages)) => {
+                *objects += 1;
+                *messages += u64::from(r.messages);
+            }
+            None => ladders.push((r.ladder.clone(), 1, u64::from(r.messages))),
+        }
+    }
+    (tiers, ladders)
 }
 
 /// The three charts of one ladder's last hour.

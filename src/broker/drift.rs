@@ -369,7 +369,8 @@ pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: b
             }
         }
         let now = bounded("reading a queue", channel.queue_inspect(&r.name)).await?;
-        if now.message_count > 0 || now.consumer_count > 0 {
+        // a stream's message count is not its records' (see model::drift::report)
+        if (!r.stream && now.message_count > 0) || now.consumer_count > 0 {
             for inflow in &inflows {
                 if let Declaration::Binding {
                     exchange, queue, key, args, ..

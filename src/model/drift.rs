@@ -268,6 +268,11 @@ pub fn report(retired: &[Known], observed: &[Observed], live: &BTreeSet<&str>, n
         .zip(observed)
         .filter(|(_, o)| o.exists)
         .map(|(k, o)| {
+            // a stream's count is not its records' (RabbitMQ reports 0, or its last chunk's)
+            let o = &Observed {
+                messages: if k.stream { 0 } else { o.messages },
+                ..*o
+            };
             let ladder_retired = !k.ladder.is_empty() && !live.contains(k.ladder.as_str());
             let last_due_by_ms = match (k.ttl_ms, o.messages, ladder_retired) {
                 (Some(ttl), 1.., false) => Some(now_ms.saturating_add(ttl)),
@@ -296,7 +301,7 @@ fn note(k: &Known, o: &Observed, ladder_retired: bool) -> String {
         (Kind::Exchange, _) => format!("an exchange of retired ladder {ladder}; pruned with its queues"),
         (Kind::Queue, _) if k.stream && k.role == "parked" => format!(
             "the parking lot of retired ladder {ladder} (a stream: its entries are not counted here); \
-             `ladder prune` keeps it unless given --with-parking-lot"
+             ladder prune keeps it unless given --with-parking-lot"
         ),
         (Kind::Queue, _) if k.stream => "a stream; pruned with its ladder".into(),
         (Kind::Queue, _) if o.consumers > 0 => format!(
@@ -305,16 +310,16 @@ fn note(k: &Known, o: &Observed, ladder_retired: bool) -> String {
         ),
         (Kind::Queue, false) if o.messages > 0 => format!(
             "{} message(s) wait in this retired tier and come due through {ladder}'s due hop, \
-             all within its TTL; `ladder prune` removes it once it is empty",
+             all within its TTL; ladder prune removes it once it is empty",
             o.messages
         ),
-        (Kind::Queue, false) => "empty; `ladder prune` removes it".into(),
+        (Kind::Queue, false) => "empty; ladder prune removes it".into(),
         (Kind::Queue, true) if o.messages > 0 => format!(
             "{} message(s) wait and no replica serves ladder {ladder}: put its file back in ladders_dir \
              until they drain",
             o.messages
         ),
-        (Kind::Queue, true) => format!("empty; `ladder prune` removes it with the rest of ladder {ladder}"),
+        (Kind::Queue, true) => format!("empty; ladder prune removes it with the rest of ladder {ladder}"),
     }
 }
 
