@@ -107,6 +107,11 @@ pub struct Metrics {
     released_messages: Family<LadderLabel, Counter>,
     /// Sessions started after a lost connection.
     pub reconnects: Counter,
+    /// 1 while the broker blocks the service's publishes (`connection.blocked`: a memory or
+    /// disk alarm), else 0.
+    pub broker_blocked: Gauge,
+    /// Times the broker started blocking the service's publishes.
+    pub broker_blocked_episodes: Counter,
 }
 
 impl Default for Metrics {
@@ -141,6 +146,8 @@ impl Metrics {
             held_messages: Family::default(),
             released_messages: Family::default(),
             reconnects: Counter::default(),
+            broker_blocked: Gauge::default(),
+            broker_blocked_episodes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -238,6 +245,16 @@ impl Metrics {
             "ladder_reconnects",
             "Broker sessions started after a lost connection",
             m.reconnects.clone(),
+        );
+        registry.register(
+            "ladder_broker_blocked",
+            "1 while the broker blocks the service's publishes (a memory or disk alarm: connection.blocked)",
+            m.broker_blocked.clone(),
+        );
+        registry.register(
+            "ladder_broker_blocked_episodes",
+            "Times the broker started blocking the service's publishes (resource alarms)",
+            m.broker_blocked_episodes.clone(),
         );
         Metrics { registry, ..m }
     }
