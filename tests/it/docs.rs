@@ -757,6 +757,7 @@ const CHECKS: &[(&str, &str)] = &[
     ),
     ("rabbitmq-diagnostics", "as rabbitmqctl"),
     ("rabbitmq-plugins", "as rabbitmqctl"),
+    ("rabbitmq-upgrade", "as rabbitmqctl"),
     ("rabbitmq-server", "only `-detached`, which scripts/broker runs"),
     (
         "curl",
@@ -937,7 +938,7 @@ impl Checker {
                 }
             }
             Some("cargo") => self.check_cargo(args, &mut wrong),
-            Some(tool @ ("rabbitmqctl" | "rabbitmq-diagnostics" | "rabbitmq-plugins")) => {
+            Some(tool @ ("rabbitmqctl" | "rabbitmq-diagnostics" | "rabbitmq-plugins" | "rabbitmq-upgrade")) => {
                 // the prose names a sub-command alone (`rabbitmqctl set_policy`) without its arguments
                 let mention = !command.in_block && args.len() == 1;
                 self.check_rabbitmq(tool, args, elided || mention, &mut wrong)
@@ -1134,8 +1135,11 @@ impl Checker {
                     wrong.push(format!("{tool} {sub} has no column {column}"));
                 }
             }
-        } else if !positional.is_empty() {
-            wrong.push(format!("{tool} {sub} takes no argument {positional:?}"));
+        } else if positional.len() != usage_arguments(&help, sub) {
+            wrong.push(format!(
+                "{tool} {sub} takes {} argument(s), not {positional:?}",
+                usage_arguments(&help, sub)
+            ));
         }
     }
 
@@ -1366,6 +1370,26 @@ impl Checker {
     }
 }
 
+/// How many positional arguments the usage line of `sub` in its help asks for: its `<…>`
+/// placeholders outside the `[…]` of options (`enable_feature_flag <all | feature_flag>`: 1).
+fn usage_arguments(help: &str, sub: &str) -> usize {
+    let Some(line) = help.lines().find(|l| l.contains(&format!(" {sub}"))) else {
+        return 0;
+    };
+    let after = &line[line.find(&format!(" {sub}")).unwrap() + sub.len() + 1..];
+    let mut depth = 0usize;
+    let mut count = 0;
+    for c in after.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            '<' if depth == 0 => count += 1,
+            _ => {}
+        }
+    }
+    count
+}
+
 /// A path of the repository rather than a name or a value: a `/` or a file extension.
 fn looks_like_path(arg: &str) -> bool {
     !arg.starts_with('-')
@@ -1429,6 +1453,8 @@ fn the_command_checks_catch_what_is_broken() {
     for good in [
         "rabbitmqctl set_policy p '^a$' '{\"max-age\": \"1D\"}' --apply-to queues",
         "rabbitmqctl list_queues name messages | grep x",
+        "rabbitmqctl enable_feature_flag all",
+        "rabbitmq-upgrade drain",
         "curl -s http://127.0.0.1:9464/api/ladders/default/parked?limit=2",
         "kubectl -n ladder port-forward svc/ladder 9464",
         "systemctl status ladder",
@@ -1438,6 +1464,8 @@ fn the_command_checks_catch_what_is_broken() {
     }
     for (bad, problem) in [
         ("rabbitmqctl set_polcy p x '{}'", "`rabbitmqctl help set_polcy` fails"),
+        ("rabbitmq-upgrade drain now", "takes 0 argument(s)"),
+        ("rabbitmqctl enable_feature_flag", "takes 1 argument(s)"),
         (
             "rabbitmqctl set_policy p '^a$' '{max-age: 1}' --apply-to queues",
             "no JSON object",
