@@ -463,8 +463,7 @@ async fn disruptive_broker_out_of_file_descriptors_refuses_then_recovers() {
     eprintln!("node pid {pid}: {open} descriptors open, limit lowered to 3");
     let refused = try_connect(3000)
         .await
-        .err()
-        .expect("a new connection was accepted")
+        .expect_err("a new connection was accepted")
         .to_string();
     eprintln!("the broker refused a new connection: {refused}");
 
