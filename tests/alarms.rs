@@ -251,7 +251,12 @@ async fn alarm_under_traffic(kind: &str, raise: fn() -> Alarm, hold: Duration, r
         if reasons.iter().any(|r| r == &blocked_reason) {
             Ok(())
         } else {
-            Err(format!("{reasons:?}"))
+            Err(format!(
+                "reasons {reasons:?}, ready {}, {} delivered, broker alarms {}",
+                t.state.health.is_ready(),
+                arrivals.deliveries(),
+                alarms()
+            ))
         }
     })
     .await;

@@ -92,6 +92,11 @@ enum Fault {
     KillLadder,
     /// Stop, start (and wait until it serves) each node in turn.
     RollingRestart,
+    /// RabbitMQ's rolling-upgrade procedure on each node in turn (`scripts/broker upgrade`:
+    /// await_online_quorum_plus_one, drain, stop, start from the target version's root on the
+    /// same data, revive), to `LADDER_FAULTS_UPGRADE_TO` (default: the version the cluster runs,
+    /// the procedure alone). Meant for the `4.0-cluster` profile.
+    RollingUpgrade,
 }
 
 impl Fault {
@@ -102,6 +107,7 @@ impl Fault {
             Fault::CloseConnections => "connections-closed",
             Fault::KillLadder => "ladder-killed",
             Fault::RollingRestart => "rolling-restart",
+            Fault::RollingUpgrade => "rolling-upgrade",
         }
     }
 
@@ -110,7 +116,7 @@ impl Fault {
     fn recovery_bound(self) -> Duration {
         match self {
             Fault::CloseConnections => Duration::from_secs(5),
-            Fault::RollingRestart => Duration::from_secs(20),
+            Fault::RollingRestart | Fault::RollingUpgrade => Duration::from_secs(20),
             _ => Duration::from_secs(10),
         }
     }
@@ -126,7 +132,7 @@ impl Fault {
     fn lateness_bound(self, fault: Duration) -> Duration {
         match self {
             Fault::LadderNode => fault + Duration::from_secs(5),
-            Fault::LeaderNode | Fault::RollingRestart => Duration::from_secs(10),
+            Fault::LeaderNode | Fault::RollingRestart | Fault::RollingUpgrade => Duration::from_secs(10),
             Fault::CloseConnections | Fault::KillLadder => Duration::from_secs(5),
         }
     }
@@ -134,14 +140,14 @@ impl Fault {
     /// How long, after the load stops, every confirmed message may take to arrive.
     fn settle_wait(self) -> Duration {
         match self {
-            Fault::RollingRestart => WAIT * 3,
+            Fault::RollingRestart | Fault::RollingUpgrade => WAIT * 3,
             _ => WAIT * 2,
         }
     }
 
     /// Only with `LADDER_FAULTS_FULL=1`.
     fn slow(self, replicas: usize) -> bool {
-        replicas > 1 || matches!(self, Fault::KillLadder | Fault::RollingRestart)
+        replicas > 1 || matches!(self, Fault::KillLadder | Fault::RollingRestart | Fault::RollingUpgrade)
     }
 }
 
@@ -226,6 +232,21 @@ fn fault_rolling_restart_two_replicas() {
     run("fault_rolling_restart_two_replicas", Fault::RollingRestart, 2);
 }
 
+/// Only on a cluster of the profile `4.0-cluster` (scripts/faults --full runs it there).
+#[test]
+fn fault_rolling_upgrade() {
+    if std::env::var("LADDER_TEST_BROKER_PROFILE").as_deref() != Ok("4.0-cluster") {
+        eprintln!("skipping fault_rolling_upgrade: it runs on the 4.0-cluster profile only (scripts/faults --full)");
+        return;
+    }
+    run("fault_rolling_upgrade", Fault::RollingUpgrade, 1);
+}
+
+/// The version [`Fault::RollingUpgrade`] moves the nodes to.
+fn upgrade_target() -> String {
+    std::env::var("LADDER_FAULTS_UPGRADE_TO").unwrap_or_else(|_| "4.0".into())
+}
+
 /// What message `seq` is: where the ladder should take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -297,6 +318,7 @@ impl Rig {
             Fault::CloseConnections => "fconn",
             Fault::KillLadder => "fkill",
             Fault::RollingRestart => "froll",
+            Fault::RollingUpgrade => "fupgr",
         };
         let ns = unique_namespace(&format!("{hint}{replicas}"));
         let dir = tempfile::tempdir().unwrap();
@@ -792,6 +814,17 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
             }
             "nodes 1, 2, 3".to_string()
         }
+        Fault::RollingUpgrade => {
+            let to = upgrade_target();
+            for n in rig.cluster.nodes() {
+                rig.cluster.upgrade(n, &to).await;
+                eprintln!(
+                    "node {n} drained, restarted on {to}, revived at +{} ms",
+                    now_ms() - fault_ms
+                );
+            }
+            format!("nodes 1, 2, 3 to {to}")
+        }
     };
     let fault_end_ms = now_ms();
     tokio::time::sleep(AFTER).await;
@@ -824,6 +857,35 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
     let follower_reconnects = delivered.reconnects.load(Ordering::Relaxed) + parked.reconnects.load(Ordering::Relaxed);
     let deliveries = delivered.finish().await;
     let parked = parked.finish().await;
+    if fault == Fault::RollingUpgrade {
+        // the parking lot kept every entry: read again from its first offset after every node
+        // went through the procedure
+        let before: std::collections::HashSet<String> = parked
+            .iter()
+            .filter(|a| a.at_ms < fault_ms)
+            .map(|a| a.id.clone())
+            .collect();
+        assert!(
+            !before.is_empty(),
+            "nothing was parked before the upgrade; the setup is broken"
+        );
+        let reread = Follower::start(rig.cluster.urls_from(CLIENT_NODE), rig.names.parked.clone(), true);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let missing = loop {
+            let seen: std::collections::HashSet<String> = reread.snapshot().into_iter().map(|a| a.id).collect();
+            let missing = before.iter().filter(|id| !seen.contains(*id)).count();
+            if missing == 0 || tokio::time::Instant::now() >= deadline {
+                break missing;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let _ = reread.finish().await;
+        eprintln!(
+            "parking lot after the upgrade: {} entries parked before it, {missing} missing",
+            before.len()
+        );
+        assert_eq!(missing, 0, "parked entries were lost in the upgrade");
+    }
     let acc = account(&report, &deliveries, &parked);
     let ((late_max, late_p99, late_over_1s), (extra_max, extra_p99, extra_over_1s)) = lateness(&report, &deliveries);
     rig.dump(&report, &deliveries, &parked, fault_ms);
