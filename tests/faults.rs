@@ -68,6 +68,11 @@ fn node_down() -> Duration {
     Duration::from_millis(ms.unwrap_or(3000))
 }
 
+/// Retries sent into the delay levels before a rolling upgrade, and their `retry-delay`: long
+/// enough to come due while the nodes go through the upgrade (about 30 s a node here).
+const LEVELLED: usize = 20;
+const LEVELLED_DELAY: Duration = Duration::from_secs(60);
+
 /// Load after the fault (after the killed node is back).
 const AFTER: Duration = Duration::from_secs(5);
 
@@ -760,6 +765,37 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         !delivered.snapshot().is_empty(),
         "nothing was delivered before the fault; the setup is broken"
     );
+    // a rolling upgrade: retries waiting in the delay levels through it (a `retry-delay` longer
+    // than any step, composed from the levels, coming due while the nodes go through it)
+    let levelled: Vec<String> = if fault == Fault::RollingUpgrade {
+        let ids: Vec<String> = (0..LEVELLED).map(|i| format!("lv{i}")).collect();
+        let (conn, _) = connect_any(&rig.cluster.urls_from(CLIENT_NODE), "ladder-test-levels")
+            .await
+            .expect("a node answers");
+        let channel = conn.create_channel().await.unwrap();
+        channel.confirm_select().await.unwrap();
+        for id in &ids {
+            let mut headers = FieldTable::default();
+            headers.set("retry-to", FieldValue::string(&rig.destination));
+            headers.set(
+                "retry-delay",
+                FieldValue::LongLongInt(LEVELLED_DELAY.as_millis() as i64),
+            );
+            let props = BasicProperties::default()
+                .with_message_id(id)
+                .with_delivery_mode(2)
+                .with_headers(headers);
+            let confirm = channel
+                .basic_publish(&rig.names.intake_exchange, "", true, &props, b"levelled")
+                .unwrap();
+            let confirmed = tokio::time::timeout(WAIT, confirm).await.expect("confirmed").unwrap();
+            assert_eq!(confirmed, ladder_amqp::Confirmation::Ack);
+        }
+        let _ = conn.close(200, "levelled").await;
+        ids
+    } else {
+        vec![]
+    };
 
     // the fault
     let victims = match fault {
@@ -855,6 +891,25 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         });
     }
     let follower_reconnects = delivered.reconnects.load(Ordering::Relaxed) + parked.reconnects.load(Ordering::Relaxed);
+    if !levelled.is_empty() {
+        let deadline = tokio::time::Instant::now() + WAIT * 2;
+        let missing = loop {
+            let seen: std::collections::HashSet<String> = delivered.snapshot().into_iter().map(|a| a.id).collect();
+            let missing: Vec<&String> = levelled.iter().filter(|id| !seen.contains(*id)).collect();
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                break missing.len();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!(
+            "delay levels through the upgrade: {} retries of {LEVELLED_DELAY:?}, {missing} missing",
+            levelled.len()
+        );
+        assert_eq!(
+            missing, 0,
+            "retries waiting in the delay levels were lost in the upgrade"
+        );
+    }
     let deliveries = delivered.finish().await;
     let parked = parked.finish().await;
     if fault == Fault::RollingUpgrade {
