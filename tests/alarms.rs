@@ -436,10 +436,10 @@ async fn try_connect(ms: u64) -> ladder_amqp::Result<Connection> {
 /// meanwhile cannot connect, keeps retrying with backoff without crashing, and `/ready` says why;
 /// once the broker has descriptors again it connects by itself. Nothing is lost.
 ///
-/// The destination is a quorum queue: with no descriptor to spare, a classic queue cannot open
-/// its first segment file (measured: 100 retries confirmed into the ladder, none of them
-/// delivered to a fresh classic queue within 30 s), while quorum queues write to the node's
-/// already open log.
+/// The destination is a quorum queue: with no descriptor to spare, retries to a classic queue
+/// declared just before were not delivered (measured: 100 confirmed into the ladder, none
+/// delivered within 30 s; a classic queue opens files of its own as it fills), while quorum
+/// queues write to the node's already open log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disruptive_broker_out_of_file_descriptors_refuses_then_recovers() {
     if alarms_node().is_none() {
