@@ -1135,9 +1135,9 @@ impl Checker {
                     wrong.push(format!("{tool} {sub} has no column {column}"));
                 }
             }
-        } else if positional.len() != usage_arguments(&help, sub) {
+        } else if !usage_arguments(&help, sub).contains(&positional.len()) {
             wrong.push(format!(
-                "{tool} {sub} takes {} argument(s), not {positional:?}",
+                "{tool} {sub} takes {:?} argument(s), not {positional:?}",
                 usage_arguments(&help, sub)
             ));
         }
@@ -1370,24 +1370,28 @@ impl Checker {
     }
 }
 
-/// How many positional arguments the usage line of `sub` in its help asks for: its `<…>`
-/// placeholders outside the `[…]` of options (`enable_feature_flag <all | feature_flag>`: 1).
-fn usage_arguments(help: &str, sub: &str) -> usize {
+/// How many positional arguments the usage line of `sub` in its help allows, one count per
+/// alternative (`set_disk_free_limit <disk_limit> | mem_relative <fraction>`: 1 or 2): its words
+/// and `<…>` placeholders outside the `[…]` of options.
+fn usage_arguments(help: &str, sub: &str) -> Vec<usize> {
     let Some(line) = help.lines().find(|l| l.contains(&format!(" {sub}"))) else {
-        return 0;
+        return vec![0];
     };
     let after = &line[line.find(&format!(" {sub}")).unwrap() + sub.len() + 1..];
-    let mut depth = 0usize;
-    let mut count = 0;
+    let (mut square, mut angle) = (0usize, 0usize);
+    let mut alternatives = vec![String::new()];
     for c in after.chars() {
         match c {
-            '[' => depth += 1,
-            ']' => depth = depth.saturating_sub(1),
-            '<' if depth == 0 => count += 1,
+            '[' => square += 1,
+            ']' => square = square.saturating_sub(1),
+            '<' => angle += 1,
+            '>' => angle = angle.saturating_sub(1),
+            '|' if square == 0 && angle == 0 => alternatives.push(String::new()),
+            _ if square == 0 => alternatives.last_mut().unwrap().push(if angle > 0 { 'x' } else { c }),
             _ => {}
         }
     }
-    count
+    alternatives.iter().map(|a| a.split_whitespace().count()).collect()
 }
 
 /// A path of the repository rather than a name or a value: a `/` or a file extension.
@@ -1455,6 +1459,8 @@ fn the_command_checks_catch_what_is_broken() {
         "rabbitmqctl list_queues name messages | grep x",
         "rabbitmqctl enable_feature_flag all",
         "rabbitmq-upgrade drain",
+        "rabbitmqctl set_disk_free_limit mem_relative 1.5",
+        "rabbitmqctl set_vm_memory_high_watermark 0.6",
         "curl -s http://127.0.0.1:9464/api/ladders/default/parked?limit=2",
         "kubectl -n ladder port-forward svc/ladder 9464",
         "systemctl status ladder",
@@ -1464,8 +1470,8 @@ fn the_command_checks_catch_what_is_broken() {
     }
     for (bad, problem) in [
         ("rabbitmqctl set_polcy p x '{}'", "`rabbitmqctl help set_polcy` fails"),
-        ("rabbitmq-upgrade drain now", "takes 0 argument(s)"),
-        ("rabbitmqctl enable_feature_flag", "takes 1 argument(s)"),
+        ("rabbitmq-upgrade drain now", "takes [0] argument(s)"),
+        ("rabbitmqctl enable_feature_flag", "takes [1] argument(s)"),
         (
             "rabbitmqctl set_policy p '^a$' '{max-age: 1}' --apply-to queues",
             "no JSON object",
