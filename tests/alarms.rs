@@ -68,22 +68,27 @@ fn ctl(args: &[&str]) -> String {
 
 /// Runs `command` to its end within two minutes (killed after).
 fn bounded(command: &mut Command) -> std::process::Output {
+    try_bounded(command).unwrap_or_else(|| panic!("{command:?} did not finish within 120 s"))
+}
+
+/// [`bounded`] for a `Drop`: `None` (never a panic) when it does not finish or does not run.
+fn try_bounded(command: &mut Command) -> Option<std::process::Output> {
     let child = command
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("the command runs");
+        .ok()?;
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
     match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(out) => out.expect("the command ran"),
+        Ok(out) => out.ok(),
         Err(_) => {
             let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-            panic!("{command:?} did not finish within 120 s");
+            None
         }
     }
 }
@@ -118,7 +123,17 @@ impl Alarm {
 
 impl Drop for Alarm {
     fn drop(&mut self) {
-        ctl(self.clear);
+        let cleared = try_bounded(
+            Command::new(format!("{REPO}/scripts/broker"))
+                .args(["ctl", PROFILE, "1"])
+                .args(self.clear),
+        );
+        if !cleared.is_some_and(|out| out.status.success()) {
+            eprintln!("could not clear the alarm: rabbitmqctl {:?} failed", self.clear);
+            if !std::thread::panicking() {
+                panic!("could not clear the alarm: rabbitmqctl {:?} failed", self.clear);
+            }
+        }
     }
 }
 
@@ -411,12 +426,13 @@ struct RestartNode;
 impl Drop for RestartNode {
     fn drop(&mut self) {
         for step in ["stop", "start"] {
-            let out = bounded(Command::new(format!("{REPO}/scripts/broker")).args([step, PROFILE, "1"]));
-            if !out.status.success() {
-                eprintln!(
+            match try_bounded(Command::new(format!("{REPO}/scripts/broker")).args([step, PROFILE, "1"])) {
+                Some(out) if out.status.success() => {}
+                Some(out) => eprintln!(
                     "scripts/broker {step} {PROFILE} 1 failed: {}",
                     String::from_utf8_lossy(&out.stderr)
-                );
+                ),
+                None => eprintln!("scripts/broker {step} {PROFILE} 1 did not finish within 120 s"),
             }
         }
     }
