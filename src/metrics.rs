@@ -109,6 +109,11 @@ pub struct Metrics {
     pub reconnects: Counter,
     /// SIGHUP reloads, by result (`applied`, `unchanged`, `invalid`).
     reloads: Family<ResultLabel, Counter>,
+    /// 1 while the broker blocks the service's publishes (`connection.blocked`: a memory or
+    /// disk alarm), else 0.
+    pub broker_blocked: Gauge,
+    /// Times the broker started blocking the service's publishes.
+    pub broker_blocked_episodes: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -149,6 +154,8 @@ impl Metrics {
             released_messages: Family::default(),
             reconnects: Counter::default(),
             reloads: Family::default(),
+            broker_blocked: Gauge::default(),
+            broker_blocked_episodes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -256,6 +263,16 @@ impl Metrics {
         for result in ["applied", "unchanged", "invalid"] {
             let _ = m.reloads.get_or_create(&ResultLabel { result: result.into() });
         }
+        registry.register(
+            "ladder_broker_blocked",
+            "1 while the broker blocks the service's publishes (a memory or disk alarm: connection.blocked)",
+            m.broker_blocked.clone(),
+        );
+        registry.register(
+            "ladder_broker_blocked_episodes",
+            "Times the broker started blocking the service's publishes (resource alarms)",
+            m.broker_blocked_episodes.clone(),
+        );
         Metrics { registry, ..m }
     }
 

@@ -68,6 +68,11 @@ fn node_down() -> Duration {
     Duration::from_millis(ms.unwrap_or(3000))
 }
 
+/// Retries sent into the delay levels before a rolling upgrade, and their `retry-delay`: long
+/// enough to come due while the nodes go through the upgrade (about 30 s a node here).
+const LEVELLED: usize = 20;
+const LEVELLED_DELAY: Duration = Duration::from_secs(60);
+
 /// Load after the fault (after the killed node is back).
 const AFTER: Duration = Duration::from_secs(5);
 
@@ -92,6 +97,11 @@ enum Fault {
     KillLadder,
     /// Stop, start (and wait until it serves) each node in turn.
     RollingRestart,
+    /// RabbitMQ's rolling-upgrade procedure on each node in turn (`scripts/broker upgrade`:
+    /// await_online_quorum_plus_one, drain, stop, start from the target version's root on the
+    /// same data, revive), to `LADDER_FAULTS_UPGRADE_TO` (default: the version the cluster runs,
+    /// the procedure alone). Meant for the `4.0-cluster` profile.
+    RollingUpgrade,
 }
 
 impl Fault {
@@ -102,6 +112,7 @@ impl Fault {
             Fault::CloseConnections => "connections-closed",
             Fault::KillLadder => "ladder-killed",
             Fault::RollingRestart => "rolling-restart",
+            Fault::RollingUpgrade => "rolling-upgrade",
         }
     }
 
@@ -110,7 +121,7 @@ impl Fault {
     fn recovery_bound(self) -> Duration {
         match self {
             Fault::CloseConnections => Duration::from_secs(5),
-            Fault::RollingRestart => Duration::from_secs(20),
+            Fault::RollingRestart | Fault::RollingUpgrade => Duration::from_secs(20),
             _ => Duration::from_secs(10),
         }
     }
@@ -126,7 +137,7 @@ impl Fault {
     fn lateness_bound(self, fault: Duration) -> Duration {
         match self {
             Fault::LadderNode => fault + Duration::from_secs(5),
-            Fault::LeaderNode | Fault::RollingRestart => Duration::from_secs(10),
+            Fault::LeaderNode | Fault::RollingRestart | Fault::RollingUpgrade => Duration::from_secs(10),
             Fault::CloseConnections | Fault::KillLadder => Duration::from_secs(5),
         }
     }
@@ -134,14 +145,14 @@ impl Fault {
     /// How long, after the load stops, every confirmed message may take to arrive.
     fn settle_wait(self) -> Duration {
         match self {
-            Fault::RollingRestart => WAIT * 3,
+            Fault::RollingRestart | Fault::RollingUpgrade => WAIT * 3,
             _ => WAIT * 2,
         }
     }
 
     /// Only with `LADDER_FAULTS_FULL=1`.
     fn slow(self, replicas: usize) -> bool {
-        replicas > 1 || matches!(self, Fault::KillLadder | Fault::RollingRestart)
+        replicas > 1 || matches!(self, Fault::KillLadder | Fault::RollingRestart | Fault::RollingUpgrade)
     }
 }
 
@@ -226,6 +237,21 @@ fn fault_rolling_restart_two_replicas() {
     run("fault_rolling_restart_two_replicas", Fault::RollingRestart, 2);
 }
 
+/// Only on a cluster of the profile `4.0-cluster` (scripts/faults --full runs it there).
+#[test]
+fn fault_rolling_upgrade() {
+    if std::env::var("LADDER_TEST_BROKER_PROFILE").as_deref() != Ok("4.0-cluster") {
+        eprintln!("skipping fault_rolling_upgrade: it runs on the 4.0-cluster profile only (scripts/faults --full)");
+        return;
+    }
+    run("fault_rolling_upgrade", Fault::RollingUpgrade, 1);
+}
+
+/// The version [`Fault::RollingUpgrade`] moves the nodes to.
+fn upgrade_target() -> String {
+    std::env::var("LADDER_FAULTS_UPGRADE_TO").unwrap_or_else(|_| "4.0".into())
+}
+
 /// What message `seq` is: where the ladder should take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -297,6 +323,7 @@ impl Rig {
             Fault::CloseConnections => "fconn",
             Fault::KillLadder => "fkill",
             Fault::RollingRestart => "froll",
+            Fault::RollingUpgrade => "fupgr",
         };
         let ns = unique_namespace(&format!("{hint}{replicas}"));
         let dir = tempfile::tempdir().unwrap();
@@ -738,6 +765,37 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         !delivered.snapshot().is_empty(),
         "nothing was delivered before the fault; the setup is broken"
     );
+    // a rolling upgrade: retries waiting in the delay levels through it (a `retry-delay` longer
+    // than any step, composed from the levels, coming due while the nodes go through it)
+    let levelled: Vec<String> = if fault == Fault::RollingUpgrade {
+        let ids: Vec<String> = (0..LEVELLED).map(|i| format!("lv{i}")).collect();
+        let (conn, _) = connect_any(&rig.cluster.urls_from(CLIENT_NODE), "ladder-test-levels")
+            .await
+            .expect("a node answers");
+        let channel = conn.create_channel().await.unwrap();
+        channel.confirm_select().await.unwrap();
+        for id in &ids {
+            let mut headers = FieldTable::default();
+            headers.set("retry-to", FieldValue::string(&rig.destination));
+            headers.set(
+                "retry-delay",
+                FieldValue::LongLongInt(LEVELLED_DELAY.as_millis() as i64),
+            );
+            let props = BasicProperties::default()
+                .with_message_id(id)
+                .with_delivery_mode(2)
+                .with_headers(headers);
+            let confirm = channel
+                .basic_publish(&rig.names.intake_exchange, "", true, &props, b"levelled")
+                .unwrap();
+            let confirmed = tokio::time::timeout(WAIT, confirm).await.expect("confirmed").unwrap();
+            assert_eq!(confirmed, ladder_amqp::Confirmation::Ack);
+        }
+        let _ = conn.close(200, "levelled").await;
+        ids
+    } else {
+        vec![]
+    };
 
     // the fault
     let victims = match fault {
@@ -792,6 +850,17 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
             }
             "nodes 1, 2, 3".to_string()
         }
+        Fault::RollingUpgrade => {
+            let to = upgrade_target();
+            for n in rig.cluster.nodes() {
+                rig.cluster.upgrade(n, &to).await;
+                eprintln!(
+                    "node {n} drained, restarted on {to}, revived at +{} ms",
+                    now_ms() - fault_ms
+                );
+            }
+            format!("nodes 1, 2, 3 to {to}")
+        }
     };
     let fault_end_ms = now_ms();
     tokio::time::sleep(AFTER).await;
@@ -822,8 +891,56 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         });
     }
     let follower_reconnects = delivered.reconnects.load(Ordering::Relaxed) + parked.reconnects.load(Ordering::Relaxed);
+    if !levelled.is_empty() {
+        let deadline = tokio::time::Instant::now() + WAIT * 2;
+        let missing = loop {
+            let seen: std::collections::HashSet<String> = delivered.snapshot().into_iter().map(|a| a.id).collect();
+            let missing: Vec<&String> = levelled.iter().filter(|id| !seen.contains(*id)).collect();
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                break missing.len();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!(
+            "delay levels through the upgrade: {} retries of {LEVELLED_DELAY:?}, {missing} missing",
+            levelled.len()
+        );
+        assert_eq!(
+            missing, 0,
+            "retries waiting in the delay levels were lost in the upgrade"
+        );
+    }
     let deliveries = delivered.finish().await;
     let parked = parked.finish().await;
+    if fault == Fault::RollingUpgrade {
+        // the parking lot kept every entry: read again from its first offset after every node
+        // went through the procedure
+        let before: std::collections::HashSet<String> = parked
+            .iter()
+            .filter(|a| a.at_ms < fault_ms)
+            .map(|a| a.id.clone())
+            .collect();
+        assert!(
+            !before.is_empty(),
+            "nothing was parked before the upgrade; the setup is broken"
+        );
+        let reread = Follower::start(rig.cluster.urls_from(CLIENT_NODE), rig.names.parked.clone(), true);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let missing = loop {
+            let seen: std::collections::HashSet<String> = reread.snapshot().into_iter().map(|a| a.id).collect();
+            let missing = before.iter().filter(|id| !seen.contains(*id)).count();
+            if missing == 0 || tokio::time::Instant::now() >= deadline {
+                break missing;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let _ = reread.finish().await;
+        eprintln!(
+            "parking lot after the upgrade: {} entries parked before it, {missing} missing",
+            before.len()
+        );
+        assert_eq!(missing, 0, "parked entries were lost in the upgrade");
+    }
     let acc = account(&report, &deliveries, &parked);
     let ((late_max, late_p99, late_over_1s), (extra_max, extra_p99, extra_over_1s)) = lateness(&report, &deliveries);
     rig.dump(&report, &deliveries, &parked, fault_ms);

@@ -21,7 +21,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot, watch};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::channel::{Channel, ChannelShared};
 use crate::error::{CloseReason, Error, Result};
@@ -225,7 +225,7 @@ impl Connection {
             channel_max,
             heartbeat,
             server_properties,
-            blocked: AtomicBool::new(false),
+            blocked: watch::Sender::new(None),
         });
         let reader = tokio::spawn(read_loop(io.clone(), read, buf));
         let writer = tokio::spawn(write_loop(io.clone(), write));
@@ -298,8 +298,24 @@ impl Connection {
     }
 
     /// True while the broker says it blocks publishers (memory or disk alarm).
+    ///
+    /// While blocked, RabbitMQ stops reading the socket once the connection publishes: publishes
+    /// and acks wait in the socket's buffers (their confirms come after the alarm clears), and
+    /// the broker does not count our heartbeats as missed. A blocked connection is alive.
     pub fn is_blocked(&self) -> bool {
-        self.inner.io.blocked.load(Ordering::Relaxed)
+        self.inner.io.blocked.borrow().is_some()
+    }
+
+    /// The broker's reason while it blocks publishers (`connection.blocked`, e.g. "low on
+    /// memory"), `None` otherwise.
+    pub fn blocked_reason(&self) -> Option<String> {
+        self.inner.io.blocked.borrow().clone()
+    }
+
+    /// Follows [`Connection::blocked_reason`]: the receiver sees every change; it ends (its
+    /// `changed` fails) once the connection is dropped.
+    pub fn blocked_changes(&self) -> watch::Receiver<Option<String>> {
+        self.inner.io.blocked.subscribe()
     }
 
     /// Resolves with the error once the connection has failed or was closed.
@@ -466,12 +482,15 @@ fn dispatch(io: &Io, frame: Frame) -> Result<()> {
                 Err(Error::ConnectionGone)
             }
             Method::ConnectionBlocked { reason } => {
-                warn!(reason = %reason, "the broker blocks publishers");
-                io.blocked.store(true, Ordering::Relaxed);
+                let reason = String::from_utf8_lossy(reason.as_bytes()).into_owned();
+                warn!(reason = %reason, "the broker blocks publishers (a resource alarm); publishes wait until it unblocks");
+                io.blocked.send_replace(Some(reason));
                 Ok(())
             }
             Method::ConnectionUnblocked => {
-                io.blocked.store(false, Ordering::Relaxed);
+                if io.blocked.send_replace(None).is_some() {
+                    info!("the broker unblocked publishers");
+                }
                 Ok(())
             }
             other => Err(unexpected("a connection method", &other)),

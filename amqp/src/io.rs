@@ -52,7 +52,8 @@ pub(crate) struct Io {
     pub(crate) channel_max: u16,
     pub(crate) heartbeat: Option<Duration>,
     pub(crate) server_properties: FieldTable,
-    pub(crate) blocked: AtomicBool,
+    /// `Some(reason)` while the broker blocks this connection's publishes (`connection.blocked`).
+    pub(crate) blocked: watch::Sender<Option<String>>,
 }
 
 #[derive(Default)]

@@ -65,8 +65,8 @@ fn paths() -> Value {
         }},
         "/ready": {"get": {
             "operationId": "ready",
-            "summary": "200 once the topology is declared and every consumer runs; 503 before, while reconnecting and after the drain",
-            "responses": {"200": text("ready"), "503": text("not ready")},
+            "summary": "200 once the topology is declared and every consumer runs; 503 before, while reconnecting, while the broker blocks publishing (a resource alarm) and after the drain",
+            "responses": {"200": text("ready"), "503": text("not ready, or `not ready: <reason>[; <reason>…]` while connected but held up, e.g. `not ready: blocked: low on memory`")},
         }},
         "/metrics": {"get": {
             "operationId": "metrics",

@@ -78,11 +78,21 @@ async fn live() -> &'static str {
     "ok"
 }
 
-async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, &'static str) {
-    if state.service.health.is_ready() {
-        (StatusCode::OK, "ready")
+/// 200 `ready`, or 503 `not ready`, followed by why when the service is connected but held up
+/// (`not ready: blocked: low on memory`; several reasons are separated by `; `).
+async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, String) {
+    let health = &state.service.health;
+    if health.is_ready() {
+        return (StatusCode::OK, "ready".to_string());
+    }
+    let reasons = health.reasons();
+    if reasons.is_empty() {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}", reasons.join("; ")),
+        )
     }
 }
 
@@ -173,6 +183,20 @@ mod tests {
         assert_eq!(get(&f.state, "/ready").await.0, StatusCode::OK);
         f.state.service.health.set_ready(false);
         assert_eq!(get(&f.state, "/ready").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        f.state.service.health.set_ready(true);
+        f.state.service.health.set_reason("blocked", "low on memory");
+        let (status, _, body) = get(&f.state, "/ready").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "not ready: blocked: low on memory");
+        f.state.service.health.set_reason("another", "reason");
+        assert_eq!(
+            get(&f.state, "/ready").await.2,
+            "not ready: another: reason; blocked: low on memory"
+        );
+        f.state.service.health.clear_reason("another");
+        f.state.service.health.clear_reason("blocked");
+        let (status, _, body) = get(&f.state, "/ready").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ready"));
     }
 
     #[tokio::test]

@@ -56,6 +56,34 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// How often [`bounded_on`] looks whether the broker blocks the connection.
+const BLOCKED_SLICE: Duration = Duration::from_secs(1);
+
+/// Like [`bounded`], with a clock that stops while the broker blocks `connection` (a memory or
+/// disk alarm: it reads nothing from a blocked connection, so no call answers until the alarm
+/// clears, and giving up would only reconnect into the same alarm). [`BROKER_TIMEOUT`] counts
+/// only the time the connection was not blocked.
+pub(crate) async fn bounded_on<T>(
+    connection: &Connection,
+    during: &'static str,
+    call: impl Future<Output = ladder_amqp::Result<T>>,
+) -> Result<T, CancelError> {
+    let mut call = std::pin::pin!(call);
+    let mut unblocked = Duration::ZERO;
+    loop {
+        match tokio::time::timeout(BLOCKED_SLICE, &mut call).await {
+            Ok(result) => return Ok(result?),
+            Err(_) if connection.is_blocked() => {}
+            Err(_) => {
+                unblocked += BLOCKED_SLICE;
+                if unblocked >= BROKER_TIMEOUT {
+                    return Err(CancelError::Timeout(BROKER_TIMEOUT, during));
+                }
+            }
+        }
+    }
+}
+
 fn record_properties(format: &str) -> BasicProperties {
     BasicProperties {
         delivery_mode: Some(2),
@@ -72,10 +100,10 @@ pub(crate) async fn append(
     format: &str,
     body: &[u8],
 ) -> Result<(), CancelError> {
-    let channel = bounded("opening a channel", connection.create_channel()).await?;
-    bounded("selecting confirms", channel.confirm_select()).await?;
+    let channel = bounded_on(connection, "opening a channel", connection.create_channel()).await?;
+    bounded_on(connection, "selecting confirms", channel.confirm_select()).await?;
     let confirm = channel.basic_publish("", stream, true, &record_properties(format), body)?;
-    let confirmation = bounded("waiting for the confirm", confirm).await;
+    let confirmation = bounded_on(connection, "waiting for the confirm", confirm).await;
     let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "appended")).await;
     match confirmation? {
         Confirmation::Ack => Ok(()),
@@ -122,12 +150,13 @@ pub async fn follow(
     )
     .await?;
 
-    let channel = bounded("opening a channel", connection.create_channel()).await?;
-    bounded("setting the prefetch", channel.basic_qos(PREFETCH)).await?;
+    let channel = bounded_on(connection, "opening a channel", connection.create_channel()).await?;
+    bounded_on(connection, "setting the prefetch", channel.basic_qos(PREFETCH)).await?;
     let since = now_ms().saturating_sub(MAX_DELAY.as_millis() as u64);
     let mut args = FieldTable::default();
     args.set("x-stream-offset", FieldValue::Timestamp(since / 1000));
-    let mut consumer = bounded(
+    let mut consumer = bounded_on(
+        connection,
         "subscribing to the cancellations",
         channel.basic_consume(&names.cancels, "", false, args),
     )

@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::broker::cancels::{CancelError, append, bounded};
+use crate::broker::cancels::{CancelError, append, bounded, bounded_on};
 use crate::broker::relay::{self, LadderRuntime};
 use crate::broker::topology;
 use crate::clock::now_ms;
@@ -270,11 +270,12 @@ pub async fn follow(
         marker.to_string().as_bytes(),
     )
     .await?;
-    let channel = bounded("opening a channel", connection.create_channel()).await?;
-    bounded("setting the prefetch", channel.basic_qos(PREFETCH)).await?;
+    let channel = bounded_on(connection, "opening a channel", connection.create_channel()).await?;
+    bounded_on(connection, "setting the prefetch", channel.basic_qos(PREFETCH)).await?;
     let mut args = FieldTable::default();
     args.set("x-stream-offset", FieldValue::string("first"));
-    let mut consumer = bounded(
+    let mut consumer = bounded_on(
+        connection,
         "subscribing to the holds",
         channel.basic_consume(&names.holds, "", false, args),
     )

@@ -31,16 +31,105 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    /// Why a serving session is not ready, by kind (`blocked`, …): each kind is set and cleared
+    /// by its own watcher; `/ready` reports them all.
+    reasons: std::sync::Mutex<std::collections::BTreeMap<&'static str, String>>,
 }
 
 impl Health {
-    /// True once topology is declared and every consumer runs; false while reconnecting.
+    /// True once topology is declared and every consumer runs, and nothing holds the service
+    /// up (no [`Health::reasons`]); false while reconnecting.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && self.lock_reasons().is_empty()
     }
 
     pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Why the service is not ready though connected, as `kind: detail` (e.g. `blocked: low on
+    /// memory`), sorted by kind; empty when nothing holds it up.
+    pub fn reasons(&self) -> Vec<String> {
+        self.lock_reasons()
+            .iter()
+            .map(|(kind, detail)| format!("{kind}: {detail}"))
+            .collect()
+    }
+
+    /// Marks the service not ready because of `kind` (replacing that kind's detail).
+    pub fn set_reason(&self, kind: &'static str, detail: impl Into<String>) {
+        self.lock_reasons().insert(kind, detail.into());
+    }
+
+    /// `kind` no longer holds the service up.
+    pub fn clear_reason(&self, kind: &'static str) {
+        self.lock_reasons().remove(kind);
+    }
+
+    fn lock_reasons(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<&'static str, String>> {
+        self.reasons.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The readiness reason while the broker blocks the service's publishes (a resource alarm).
+pub const BLOCKED: &str = "blocked";
+
+/// The readiness reason after a session failed, until one is ready again: why (the broker
+/// refused or did not answer, e.g. one out of file descriptors, or the connection was lost).
+pub const DISCONNECTED: &str = "disconnected";
+
+/// Follows whether the broker blocks `connection` (`connection.blocked`: a memory or disk alarm)
+/// into readiness and the metrics, until dropped; dropping it clears both. A blocked connection
+/// is alive: the session keeps it (its publishes wait, confirmed once the alarm clears).
+struct BlockedWatch {
+    task: tokio::task::AbortHandle,
+    state: Arc<State>,
+}
+
+impl BlockedWatch {
+    fn start(connection: &Connection, state: &Arc<State>) -> Self {
+        let mut changes = connection.blocked_changes();
+        let watched = state.clone();
+        let task = tokio::spawn(async move {
+            let mut was_blocked = false;
+            loop {
+                let reason = changes.borrow_and_update().clone();
+                match reason {
+                    Some(reason) => {
+                        if !was_blocked {
+                            watched.metrics.broker_blocked_episodes.inc();
+                            warn!(reason = %reason, "not ready: the broker blocks publishing (resource alarm); waiting for it to clear");
+                        }
+                        watched.metrics.broker_blocked.set(1);
+                        watched.health.set_reason(BLOCKED, reason);
+                        was_blocked = true;
+                    }
+                    None => {
+                        if was_blocked {
+                            info!("the broker's resource alarm cleared; publishing again");
+                        }
+                        watched.metrics.broker_blocked.set(0);
+                        watched.health.clear_reason(BLOCKED);
+                        was_blocked = false;
+                    }
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        BlockedWatch {
+            task: task.abort_handle(),
+            state: state.clone(),
+        }
+    }
+}
+
+impl Drop for BlockedWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.state.metrics.broker_blocked.set(0);
+        self.state.health.clear_reason(BLOCKED);
     }
 }
 
@@ -270,6 +359,7 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
             }
             Err(SessionError::Retry { error, broker }) => {
                 health.set_ready(false);
+                health.set_reason(DISCONNECTED, error.clone());
                 state.metrics.reconnects.inc();
                 if let Some(broker) = broker {
                     // it was serving: fail over to the next node at once
@@ -311,7 +401,7 @@ impl SessionError {
 async fn session(
     config: &Config,
     ladders: &[Arc<LadderRuntime>],
-    state: &State,
+    state: &Arc<State>,
     shutdown: &CancellationToken,
     first_broker: usize,
 ) -> Result<(), SessionError> {
@@ -320,6 +410,7 @@ async fn session(
         connected = connect_from(&config.amqp, &config.amqp.connection_name, first_broker) => connected.map_err(SessionError::retry)?,
         () = shutdown.cancelled() => return Ok(()),
     };
+    let _blocked = BlockedWatch::start(&connection, state);
     let version = connection.server_version().map(|(a, b, c)| format!("{a}.{b}.{c}"));
     info!(url = %config.amqp.urls[broker], broker_version = version.as_deref().unwrap_or("unknown"), "connected");
     let retry = |error: String| SessionError::Retry {
@@ -375,18 +466,29 @@ async fn session(
             .instrument(span),
         );
     }
+    // the followers' markers are publishes: while the broker blocks them (a resource alarm) the
+    // catch-up waits for the alarm instead of timing out into a reconnect that would be blocked too
     let caught_up = async {
+        let mut deadline = tokio::time::Instant::now() + CANCELS_CATCH_UP;
         while !ladders
             .iter()
             .filter(|l| l.spec.exact_delays)
             .all(|l| l.cancels.caught_up())
             || !ladders.iter().all(|l| l.holds.caught_up())
         {
+            if connection.is_blocked() {
+                deadline = tokio::time::Instant::now() + CANCELS_CATCH_UP;
+            } else if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "the cancellation and hold streams were not read within {CANCELS_CATCH_UP:?}"
+                ));
+            }
             tokio::time::sleep(CANCELS_POLL).await;
         }
+        Ok(())
     };
     let reading = tokio::select! {
-        done = tokio::time::timeout(CANCELS_CATCH_UP, caught_up) => done.map_err(|_| format!("the cancellation and hold streams were not read within {CANCELS_CATCH_UP:?}")),
+        done = caught_up => done,
         Some(joined) = followers.join_next() => Err(match joined {
             Ok(Ok(())) => "a stream follower stopped".to_string(),
             Ok(Err(e)) => e,
@@ -442,6 +544,7 @@ async fn session(
             ready = &mut ready_pending, if waiting_ready => {
                 waiting_ready = false;
                 if ready {
+                    health.clear_reason(DISCONNECTED);
                     health.set_ready(true);
                     info!(ladders = ladders.len(), "ready");
                 }

@@ -222,6 +222,19 @@ impl Cluster {
         lock(&self.down).remove(&n);
     }
 
+    /// One step of a rolling upgrade of node `n` to `version` (`scripts/broker upgrade`: wait
+    /// for quorum plus one, drain, stop, start from that version's root on the same data, wait
+    /// until it serves, revive).
+    pub async fn upgrade(&self, n: usize, version: &str) {
+        lock(&self.down).insert(n);
+        self.broker(
+            &["upgrade", &self.profile, &n.to_string(), version],
+            NODE_STOP_WAIT + NODE_START_WAIT + CTL_WAIT * 2,
+        )
+        .await;
+        lock(&self.down).remove(&n);
+    }
+
     /// Starts every node that is not running, and waits until each serves.
     pub async fn ensure_up(&self) {
         for n in self.nodes() {

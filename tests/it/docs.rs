@@ -757,6 +757,7 @@ const CHECKS: &[(&str, &str)] = &[
     ),
     ("rabbitmq-diagnostics", "as rabbitmqctl"),
     ("rabbitmq-plugins", "as rabbitmqctl"),
+    ("rabbitmq-upgrade", "as rabbitmqctl"),
     ("rabbitmq-server", "only `-detached`, which scripts/broker runs"),
     (
         "curl",
@@ -937,7 +938,7 @@ impl Checker {
                 }
             }
             Some("cargo") => self.check_cargo(args, &mut wrong),
-            Some(tool @ ("rabbitmqctl" | "rabbitmq-diagnostics" | "rabbitmq-plugins")) => {
+            Some(tool @ ("rabbitmqctl" | "rabbitmq-diagnostics" | "rabbitmq-plugins" | "rabbitmq-upgrade")) => {
                 // the prose names a sub-command alone (`rabbitmqctl set_policy`) without its arguments
                 let mention = !command.in_block && args.len() == 1;
                 self.check_rabbitmq(tool, args, elided || mention, &mut wrong)
@@ -1135,8 +1136,11 @@ impl Checker {
                     wrong.push(format!("{tool} {sub} has no column {column}"));
                 }
             }
-        } else if !positional.is_empty() {
-            wrong.push(format!("{tool} {sub} takes no argument {positional:?}"));
+        } else if !usage_arguments(&help, sub).contains(&positional.len()) {
+            wrong.push(format!(
+                "{tool} {sub} takes {:?} argument(s), not {positional:?}",
+                usage_arguments(&help, sub)
+            ));
         }
     }
 
@@ -1367,6 +1371,30 @@ impl Checker {
     }
 }
 
+/// How many positional arguments the usage line of `sub` in its help allows, one count per
+/// alternative (`set_disk_free_limit <disk_limit> | mem_relative <fraction>`: 1 or 2): its words
+/// and `<…>` placeholders outside the `[…]` of options.
+fn usage_arguments(help: &str, sub: &str) -> Vec<usize> {
+    let Some(line) = help.lines().find(|l| l.contains(&format!(" {sub}"))) else {
+        return vec![0];
+    };
+    let after = &line[line.find(&format!(" {sub}")).unwrap() + sub.len() + 1..];
+    let (mut square, mut angle) = (0usize, 0usize);
+    let mut alternatives = vec![String::new()];
+    for c in after.chars() {
+        match c {
+            '[' => square += 1,
+            ']' => square = square.saturating_sub(1),
+            '<' => angle += 1,
+            '>' => angle = angle.saturating_sub(1),
+            '|' if square == 0 && angle == 0 => alternatives.push(String::new()),
+            _ if square == 0 => alternatives.last_mut().unwrap().push(if angle > 0 { 'x' } else { c }),
+            _ => {}
+        }
+    }
+    alternatives.iter().map(|a| a.split_whitespace().count()).collect()
+}
+
 /// A path of the repository rather than a name or a value: a `/` or a file extension.
 fn looks_like_path(arg: &str) -> bool {
     !arg.starts_with('-')
@@ -1430,6 +1458,10 @@ fn the_command_checks_catch_what_is_broken() {
     for good in [
         "rabbitmqctl set_policy p '^a$' '{\"max-age\": \"1D\"}' --apply-to queues",
         "rabbitmqctl list_queues name messages | grep x",
+        "rabbitmqctl enable_feature_flag all",
+        "rabbitmq-upgrade drain",
+        "rabbitmqctl set_disk_free_limit mem_relative 1.5",
+        "rabbitmqctl set_vm_memory_high_watermark 0.6",
         "curl -s http://127.0.0.1:9464/api/ladders/default/parked?limit=2",
         "kubectl -n ladder port-forward svc/ladder 9464",
         "systemctl status ladder",
@@ -1439,6 +1471,8 @@ fn the_command_checks_catch_what_is_broken() {
     }
     for (bad, problem) in [
         ("rabbitmqctl set_polcy p x '{}'", "`rabbitmqctl help set_polcy` fails"),
+        ("rabbitmq-upgrade drain now", "takes [0] argument(s)"),
+        ("rabbitmqctl enable_feature_flag", "takes [1] argument(s)"),
         (
             "rabbitmqctl set_policy p '^a$' '{max-age: 1}' --apply-to queues",
             "no JSON object",
