@@ -51,6 +51,8 @@ pub(crate) struct Io {
     pub(crate) frame_max: usize,
     pub(crate) channel_max: u16,
     pub(crate) heartbeat: Option<Duration>,
+    /// Silence after which the reader fails the connection (`None` while heartbeats are off).
+    pub(crate) dead_after: Option<Duration>,
     pub(crate) server_properties: FieldTable,
     pub(crate) blocked: AtomicBool,
 }

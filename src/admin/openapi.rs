@@ -65,8 +65,8 @@ fn paths() -> Value {
         }},
         "/ready": {"get": {
             "operationId": "ready",
-            "summary": "200 once the topology is declared and every consumer runs; 503 before, while reconnecting and after the drain",
-            "responses": {"200": text("ready"), "503": text("not ready")},
+            "summary": "200 once the topology is declared and every consumer runs; 503 before, while reconnecting, while a hop is stalled (the body says why) and after the drain",
+            "responses": {"200": text("ready"), "503": text("not ready: connecting, or not ready: stalled: <ladder>/<hop> no progress for Ns with work waiting")},
         }},
         "/metrics": {"get": {
             "operationId": "metrics",

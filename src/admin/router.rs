@@ -78,11 +78,14 @@ async fn live() -> &'static str {
     "ok"
 }
 
-async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, &'static str) {
-    if state.service.health.is_ready() {
-        (StatusCode::OK, "ready")
+async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, String) {
+    let health = &state.service.health;
+    if health.is_ready() {
+        (StatusCode::OK, "ready".into())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+        // `not ready: <why>`, e.g. `not ready: stalled: default/due no progress for 3s with work waiting`
+        let why = health.reason().unwrap_or_else(|| "connecting".into());
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
     }
 }
 
@@ -173,6 +176,20 @@ mod tests {
         assert_eq!(get(&f.state, "/ready").await.0, StatusCode::OK);
         f.state.service.health.set_ready(false);
         assert_eq!(get(&f.state, "/ready").await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(get(&f.state, "/ready").await.2, "not ready: connecting");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_hop_is_not_ready_and_says_why() {
+        let f = fixture();
+        f.state.service.health.set_ready(true);
+        let why = "stalled: orders/due no progress for 3s with work waiting";
+        f.state.service.health.set_stalled(Some(why.into()));
+        let (status, _, body) = get(&f.state, "/ready").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, format!("not ready: {why}"));
+        f.state.service.health.set_stalled(None);
+        assert_eq!(get(&f.state, "/ready").await.0, StatusCode::OK);
     }
 
     #[tokio::test]

@@ -31,16 +31,41 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    /// Why the service is not ready though connected (a stalled hop), for `/ready`; `None`
+    /// otherwise. Set by the session's watchdog ([`crate::broker::watchdog`]).
+    stalled: std::sync::Mutex<Option<String>>,
 }
 
 impl Health {
-    /// True once topology is declared and every consumer runs; false while reconnecting.
+    /// True once topology is declared and every consumer runs, and no hop is stalled; false
+    /// while reconnecting.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && self.stalled().is_none()
     }
 
     pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// Why the service is not ready: `stalled: <ladder>/<hop> no progress for Ns with work
+    /// waiting`, or `connecting` while no session serves; `None` when ready.
+    pub fn reason(&self) -> Option<String> {
+        if let Some(stalled) = self.stalled() {
+            return Some(stalled);
+        }
+        (!self.ready.load(Ordering::Relaxed)).then(|| "connecting".to_string())
+    }
+
+    fn stalled(&self) -> Option<String> {
+        self.stalled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Marks a hop stalled (`Some(reason)`) or clears it.
+    pub(crate) fn set_stalled(&self, reason: Option<String>) {
+        *self.stalled.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
     }
 }
 
@@ -98,10 +123,14 @@ async fn connect_from(amqp: &AmqpConfig, name: &str, first: usize) -> ladder_amq
         // config validated the URI; a failure here would be a bug, reported as a bad URI
         let mut uri: ladder_amqp::AmqpUri = amqp.urls[i].expose().parse()?;
         uri.connection_timeout = Some(uri.connection_timeout.unwrap_or(CONNECT_TIMEOUT));
+        // a URI's own ?heartbeat= wins (and then two of its intervals, the client's default)
+        let dead_after = uri.heartbeat.is_none().then_some(amqp.heartbeat_timeout);
+        uri.heartbeat = Some(uri.heartbeat.unwrap_or(amqp.heartbeat.as_secs() as u16));
         let options = ConnectOptions {
             uri,
             connection_name: Some(name.to_string()),
             tls: amqp.tls.clone(),
+            dead_after,
         };
         match Connection::connect(&options).await {
             Ok(connection) => return Ok((connection, i)),
@@ -183,7 +212,7 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
     // the broker to try first: after a lost connection, the next one (another cluster node)
     let mut next_broker = 0;
     loop {
-        match session(&config, &ladders, health, &shutdown, next_broker).await {
+        match session(&config, &ladders, &state, &shutdown, next_broker).await {
             Ok(()) => return Ok(()),
             Err(SessionError::Fatal(e)) => {
                 health.set_ready(false);
@@ -232,10 +261,11 @@ impl SessionError {
 async fn session(
     config: &Config,
     ladders: &[Arc<LadderRuntime>],
-    health: &Health,
+    state: &Arc<State>,
     shutdown: &CancellationToken,
     first_broker: usize,
 ) -> Result<(), SessionError> {
+    let health = &state.health;
     let (connection, broker) = tokio::select! {
         connected = connect_from(&config.amqp, &config.amqp.connection_name, first_broker) => connected.map_err(SessionError::retry)?,
         () = shutdown.cancelled() => return Ok(()),
@@ -359,8 +389,20 @@ async fn session(
             ready = &mut ready_pending, if waiting_ready => {
                 waiting_ready = false;
                 if ready {
+                    health.set_stalled(None);
                     health.set_ready(true);
                     info!(ladders = ladders.len(), "ready");
+                    // from now on a hop that stops moving with work waiting ends the session
+                    let (ladders, connection, stop, state) =
+                        (ladders.to_vec(), connection.clone(), follow_stop.clone(), state.clone());
+                    let (stall_timeout, shutdown) = (config.amqp.stall_timeout, shutdown.clone());
+                    followers.spawn(
+                        async move {
+                            crate::broker::watchdog::watch(&connection, &ladders, &state.health, stall_timeout, &stop, &shutdown)
+                                .await
+                        }
+                        .instrument(info_span!("watchdog")),
+                    );
                 }
                 continue;
             }

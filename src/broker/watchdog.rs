@@ -1,0 +1,135 @@
+//! The session's watchdog: notices a hop that makes no progress while work waits for it, says
+//! so in `/ready`, and ends the session so the supervisor moves to the next node.
+//!
+//! Missed heartbeats catch a node that went silent (`amqp.heartbeat_timeout`). This catches
+//! the node that still talks but cannot serve: in a partition, a node cut off from the leaders
+//! of the ladder's quorum queues answers heartbeats yet confirms no publish into them and
+//! delivers nothing from them. Every [`TICK`] it looks at each hop's counters
+//! ([`crate::model::progress`]); a hop with nothing in flight that did not move has its queue
+//! read (a passive declare on this connection) to see whether messages wait for it. A hop with
+//! work waiting and no progress for `amqp.stall_timeout` is stalled; a read the node does not
+//! answer within that time is too (it asks the queue's leader). Both end the session: on another
+//! node the hop moves again, and what it held goes back to its queue when the connection closes.
+//!
+//! While the broker blocks publishers (a resource alarm, `connection.blocked`), waiting is
+//! expected and the same on every node: the watchdog then judges nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ladder_amqp::{Channel, Connection};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::broker::relay::{Hop, LadderRuntime};
+use crate::broker::supervisor::Health;
+use crate::clock::now_ms;
+use crate::model::progress::{Look, Progress};
+
+/// How often the watchdog looks.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Watches until `stop` or `shutdown` (a draining hop takes no more deliveries: no stall);
+/// `Err` (the reason) when a hop stalled or the node stopped answering.
+pub async fn watch(
+    connection: &Connection,
+    ladders: &[Arc<LadderRuntime>],
+    health: &Health,
+    stall_timeout: Duration,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Result<(), String> {
+    let limit_ms = stall_timeout.as_millis() as u64;
+    let mut progress: Vec<[Progress; 3]> = ladders.iter().map(|_| Default::default()).collect();
+    let mut channel: Option<Channel> = None;
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            // the session ends a follower that returns: wait for the end of the drain instead
+            () = shutdown.cancelled() => {
+                stop.cancelled().await;
+                return Ok(());
+            }
+            _ = ticks.tick() => {}
+        }
+        if connection.is_blocked() {
+            progress.iter_mut().flatten().for_each(Progress::reset);
+            continue;
+        }
+        for (ladder, hops) in ladders.iter().zip(progress.iter_mut()) {
+            for (hop, p) in Hop::ALL.into_iter().zip(hops.iter_mut()) {
+                let metrics = ladder.metrics.hop(hop);
+                let settled: u64 = metrics.duration.counts().iter().sum();
+                let activity = metrics.received.get() + settled + metrics.publish_failures.get() + metrics.returned.get();
+                let in_flight = u64::try_from(metrics.in_flight.get()).unwrap_or(0);
+                // read the queue only when the hop did not move and has nothing in flight: a
+                // moving hop is fine, and one with publishes in flight has work waiting anyway
+                let quiet = in_flight == 0 && p.last_activity() == Some(activity);
+                let ready = if quiet {
+                    let queue = queue_of(ladder, hop);
+                    match read_ready(connection, &mut channel, queue, stall_timeout).await {
+                        Ok(ready) => ready,
+                        Err(e) => {
+                            let reason = format!(
+                                "stalled: {}/{hop} the node did not answer a read of {queue} within {}s: {e}",
+                                ladder.spec.name,
+                                stall_timeout.as_secs_f64()
+                            );
+                            health.set_stalled(Some(reason.clone()));
+                            return Err(reason);
+                        }
+                    }
+                } else {
+                    None
+                };
+                if let Some(ms) = p.look(now_ms(), Look { activity, in_flight, ready }, limit_ms) {
+                    let reason = format!(
+                        "stalled: {}/{hop} no progress for {}s with work waiting",
+                        ladder.spec.name,
+                        ms.div_ceil(1000)
+                    );
+                    warn!(ladder = %ladder.spec.name, %hop, in_flight, ready = ?ready, "{reason}; moving to another node");
+                    health.set_stalled(Some(reason.clone()));
+                    return Err(reason);
+                }
+            }
+        }
+    }
+}
+
+fn queue_of(ladder: &LadderRuntime, hop: Hop) -> &str {
+    match hop {
+        Hop::Intake => &ladder.names.intake_queue,
+        Hop::Due => &ladder.names.due,
+        Hop::Quarantine => &ladder.names.quarantine,
+    }
+}
+
+/// Ready messages in `queue`, read on the watchdog's channel (opened on first use, again after
+/// a 404 closed it): `Ok(None)` if the queue is missing, `Err` if the node did not answer in time.
+async fn read_ready(
+    connection: &Connection,
+    channel: &mut Option<Channel>,
+    queue: &str,
+    within: Duration,
+) -> Result<Option<u64>, String> {
+    let read = async {
+        if !channel.as_ref().is_some_and(Channel::is_open) {
+            *channel = Some(connection.create_channel().await.map_err(|e| e.to_string())?);
+        }
+        let Some(ch) = channel.as_ref() else { return Ok(None) };
+        match ch.queue_inspect(queue).await {
+            Ok(info) => Ok(Some(u64::from(info.message_count))),
+            Err(e) if e.reply_code() == Some(404) => {
+                debug!(queue, "watchdog: queue not found");
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .unwrap_or_else(|_| Err("no answer".to_string()))
+}
