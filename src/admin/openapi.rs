@@ -788,11 +788,12 @@ fn schemas() -> Value {
             }), &[])),
             "accounting": nullable(object(json!({
                 "verdict": {"type": "string", "enum": [
-                    "unchecked", "busy", "anchored", "balanced", "suspect", "unaccounted", "rebased"
+                    "unchecked", "busy", "anchored", "balanced", "suspect", "unaccounted", "in_doubt", "rebased"
                 ]},
                 "anchored": {"type": "boolean"},
                 "missing": nullable(json!({"type": "integer"})),
                 "unaccounted": count(),
+                "in_doubt": count(),
             }), &[])),
         }), &["senders", "unidentified"]),
     });

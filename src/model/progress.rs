@@ -31,8 +31,13 @@ impl Progress {
         let moved = self.activity.is_some_and(|a| a != look.activity);
         self.activity = Some(look.activity);
         let waiting = look.in_flight > 0 || look.ready.unwrap_or(0) > 0;
-        if moved || !waiting {
+        if !waiting {
             self.waiting_since = None;
+            return None;
+        }
+        if moved {
+            // progress now: work that still waits is timed from here
+            self.waiting_since = Some(now_ms);
             return None;
         }
         let since = *self.waiting_since.get_or_insert(now_ms);
