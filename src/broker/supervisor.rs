@@ -276,6 +276,7 @@ async fn session(
         error,
         broker: Some(broker),
     };
+    let session_started = std::time::Instant::now();
     let declared = match declare(&connection, config).await {
         Ok(()) => Ok(()),
         Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict.into())),
@@ -285,6 +286,7 @@ async fn session(
         close(&connection).await;
         return Err(e);
     }
+    debug!(took = ?session_started.elapsed(), "topology declared");
 
     // every ladder's cancellations and holds are read before any loop may deliver what they
     // cancel or hold
@@ -350,6 +352,7 @@ async fn session(
         close(&connection).await;
         return Err(retry(e));
     }
+    debug!(took = ?session_started.elapsed(), "cancellation and hold streams read");
 
     // the releasers: resumed destinations drain, the automatic hold polls
     let mut releasers = JoinSet::new();
