@@ -710,10 +710,11 @@ fn validate(
             "must be whole seconds, at most 65535 s (\"0s\" turns heartbeats off)",
         ));
     }
-    let heartbeat_timeout = raw
-        .amqp
-        .heartbeat_timeout
-        .unwrap_or(if raw.amqp.heartbeat.is_some() { heartbeat * 3 } else { DEFAULT_HEARTBEAT_TIMEOUT });
+    let heartbeat_timeout = raw.amqp.heartbeat_timeout.unwrap_or(if raw.amqp.heartbeat.is_some() {
+        heartbeat * 3
+    } else {
+        DEFAULT_HEARTBEAT_TIMEOUT
+    });
     if !heartbeat.is_zero() && heartbeat_timeout <= heartbeat {
         return Err(ConfigError::new(
             file,

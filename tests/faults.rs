@@ -319,7 +319,11 @@ fn fault_partition_minority_leader() {
 
 #[test]
 fn fault_partition_minority_leader_two_replicas() {
-    run("fault_partition_minority_leader_two_replicas", Fault::PartitionLeader, 2);
+    run(
+        "fault_partition_minority_leader_two_replicas",
+        Fault::PartitionLeader,
+        2,
+    );
 }
 
 #[test]
@@ -829,13 +833,16 @@ async fn watch_for(replica: &LadderProcess, d: Duration, fault_ms: u64, before: 
     let until = tokio::time::Instant::now() + d;
     while tokio::time::Instant::now() < until {
         if detected.is_none()
-            && let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(300), replica.metric("ladder_reconnects_total")).await
+            && let Ok(Some(n)) =
+                tokio::time::timeout(Duration::from_millis(300), replica.metric("ladder_reconnects_total")).await
             && n > before
         {
             *detected = Some(now_ms() - fault_ms);
         }
-        tokio::time::sleep(Duration::from_millis(100).min(until.saturating_duration_since(tokio::time::Instant::now())))
-            .await;
+        tokio::time::sleep(
+            Duration::from_millis(100).min(until.saturating_duration_since(tokio::time::Instant::now())),
+        )
+        .await;
     }
 }
 
@@ -874,7 +881,10 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
     if fault.partition() {
         // the first deliveries after a partition case's heal can take a few seconds (new
         // queues elect their leaders while the cluster settles): wait for one, bounded
-        let _ = common::poll_until(WAIT, async || (!delivered.snapshot().is_empty()).then_some(()).ok_or(())).await;
+        let _ = common::poll_until(WAIT, async || {
+            (!delivered.snapshot().is_empty()).then_some(()).ok_or(())
+        })
+        .await;
     }
     tokio::time::sleep(WARMUP).await;
     assert!(
@@ -1102,7 +1112,12 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
     assert!(ready_now, "the replicas are not all ready at the end");
     // with two replicas, the one on a minority node may have no work at all (the other takes
     // it): it has nothing to notice, and stays
-    if replicas == 1 && matches!(fault, Fault::PartitionLadder | Fault::PartitionLeader | Fault::PartitionOneWay) {
+    if replicas == 1
+        && matches!(
+            fault,
+            Fault::PartitionLadder | Fault::PartitionLeader | Fault::PartitionOneWay
+        )
+    {
         let detected = detected.expect("replica 1 never left its node during the partition");
         assert!(
             Duration::from_millis(detected) <= DETECTION_BOUND,

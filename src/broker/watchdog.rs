@@ -29,6 +29,11 @@ use crate::model::progress::{Look, Progress};
 /// How often the watchdog looks.
 const TICK: Duration = Duration::from_millis(500);
 
+/// A hop whose publishes the broker refused (nacked, or returned) this recently is answered,
+/// not cut off: the relay retries a refused publish after up to 30 s, and another node would
+/// refuse it too. Stalled then, it is not ready and says so, but the session goes on.
+const REFUSED_RECENTLY: Duration = Duration::from_secs(60);
+
 /// Watches until `stop` or `shutdown` (a draining hop takes no more deliveries: no stall);
 /// `Err` (the reason) when a hop stalled or the node stopped answering.
 pub async fn watch(
@@ -41,6 +46,9 @@ pub async fn watch(
 ) -> Result<(), String> {
     let limit_ms = stall_timeout.as_millis() as u64;
     let mut progress: Vec<[Progress; 3]> = ladders.iter().map(|_| Default::default()).collect();
+    // per hop: (refusals seen, when they last rose)
+    let mut refusals: Vec<[(u64, Option<u64>); 3]> = ladders.iter().map(|_| Default::default()).collect();
+    let mut reported: Option<String> = None;
     let mut channel: Option<Channel> = None;
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -56,13 +64,22 @@ pub async fn watch(
         }
         if connection.is_blocked() {
             progress.iter_mut().flatten().for_each(Progress::reset);
+            if reported.take().is_some() {
+                health.set_stalled(None);
+            }
             continue;
         }
-        for (ladder, hops) in ladders.iter().zip(progress.iter_mut()) {
-            for (hop, p) in Hop::ALL.into_iter().zip(hops.iter_mut()) {
+        let mut refused_stall: Option<String> = None;
+        for ((ladder, hops), refused) in ladders.iter().zip(progress.iter_mut()).zip(refusals.iter_mut()) {
+            for ((hop, p), refused) in Hop::ALL.into_iter().zip(hops.iter_mut()).zip(refused.iter_mut()) {
                 let metrics = ladder.metrics.hop(hop);
+                let refusals_now = metrics.publish_failures.get() + metrics.returned.get();
+                if refusals_now != refused.0 {
+                    *refused = (refusals_now, Some(now_ms()));
+                }
                 let settled: u64 = metrics.duration.counts().iter().sum();
-                let activity = metrics.received.get() + settled + metrics.publish_failures.get() + metrics.returned.get();
+                let activity =
+                    metrics.received.get() + settled + metrics.publish_failures.get() + metrics.returned.get();
                 let in_flight = u64::try_from(metrics.in_flight.get()).unwrap_or(0);
                 // read the queue only when the hop did not move and has nothing in flight: a
                 // moving hop is fine, and one with publishes in flight has work waiting anyway
@@ -84,17 +101,40 @@ pub async fn watch(
                 } else {
                     None
                 };
-                if let Some(ms) = p.look(now_ms(), Look { activity, in_flight, ready }, limit_ms) {
+                if let Some(ms) = p.look(
+                    now_ms(),
+                    Look {
+                        activity,
+                        in_flight,
+                        ready,
+                    },
+                    limit_ms,
+                ) {
                     let reason = format!(
                         "stalled: {}/{hop} no progress for {}s with work waiting",
                         ladder.spec.name,
                         ms.div_ceil(1000)
                     );
+                    let answered = refused
+                        .1
+                        .is_some_and(|at| now_ms().saturating_sub(at) < REFUSED_RECENTLY.as_millis() as u64);
+                    if answered {
+                        // the broker refuses its publishes: honest, but no reason to move
+                        refused_stall.get_or_insert(format!("{reason} (the broker refuses its publishes)"));
+                        continue;
+                    }
                     warn!(ladder = %ladder.spec.name, %hop, in_flight, ready = ?ready, "{reason}; moving to another node");
                     health.set_stalled(Some(reason.clone()));
                     return Err(reason);
                 }
             }
+        }
+        if refused_stall != reported {
+            if let Some(reason) = &refused_stall {
+                warn!("{reason}");
+            }
+            health.set_stalled(refused_stall.clone());
+            reported = refused_stall;
         }
     }
 }
