@@ -5,7 +5,9 @@
 //! the node that still talks but cannot serve: in a partition, a node cut off from the leaders
 //! of the ladder's quorum queues answers heartbeats yet confirms no publish into them and
 //! delivers nothing from them. Every [`TICK`] it looks at each hop's counters
-//! ([`crate::model::progress`]); a hop with nothing in flight that did not move has its queue
+//! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed — or a
+//! publish refused; a delivery received is not, as a node cut off from the rest may still hand
+//! out what it holds while it confirms nothing); a hop with nothing in flight that did not move has its queue
 //! read (a passive declare on this connection) to see whether messages wait for it. A hop with
 //! work waiting and no progress for `amqp.stall_timeout` is stalled; a read the node does not
 //! answer within that time is too (it asks the queue's leader). Both end the session: on another
@@ -78,8 +80,9 @@ pub async fn watch(
                     *refused = (refusals_now, Some(now_ms()));
                 }
                 let settled: u64 = metrics.duration.counts().iter().sum();
-                let activity =
-                    metrics.received.get() + settled + metrics.publish_failures.get() + metrics.returned.get();
+                // deliveries received are no progress by themselves: a node cut off from the
+                // rest may hand out what its old leader still holds while it confirms nothing
+                let activity = settled + refusals_now;
                 let in_flight = u64::try_from(metrics.in_flight.get()).unwrap_or(0);
                 // read the queue only when the hop did not move and has nothing in flight: a
                 // moving hop is fine, and one with publishes in flight has work waiting anyway

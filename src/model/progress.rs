@@ -7,8 +7,8 @@
 /// What the watchdog saw of one hop at one look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Look {
-    /// Everything the broker did for the hop so far, summed: deliveries received, publishes
-    /// settled, refused or returned. Any change is progress.
+    /// What the broker answered the hop so far, summed: deliveries settled (their publishes
+    /// confirmed), publishes refused or returned. Any change is progress.
     pub activity: u64,
     /// Deliveries taken and not yet settled (their publishes wait for the broker's confirm).
     pub in_flight: u64,
