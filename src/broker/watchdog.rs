@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use ladder_amqp::{Channel, Connection};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 
 use crate::broker::relay::{Hop, LadderRuntime};
 use crate::broker::supervisor::Health;
@@ -164,7 +164,15 @@ async fn read_ready(
         }
         let Some(ch) = channel.as_ref() else { return Ok(None) };
         match ch.queue_inspect(queue).await {
-            Ok(info) => Ok(Some(u64::from(info.message_count))),
+            Ok(info) => {
+                trace!(
+                    queue,
+                    ready = info.message_count,
+                    consumers = info.consumer_count,
+                    "watchdog read"
+                );
+                Ok(Some(u64::from(info.message_count)))
+            }
             Err(e) if e.reply_code() == Some(404) => {
                 debug!(queue, "watchdog: queue not found");
                 Ok(None)
