@@ -1175,6 +1175,37 @@ mod tests {
         assert_eq!(l.queue_type, QueueType::Quorum);
         assert_eq!(l.dead_letter_strategy, DeadLetterStrategy::AtLeastOnce);
         assert!(l.allows("orders") && !l.allows("orders2"));
+        let a = &c.amqp;
+        assert_eq!(
+            (a.heartbeat, a.heartbeat_timeout, a.stall_timeout),
+            (Duration::from_secs(1), Duration::from_secs(3), Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn partition_timeouts_are_checked() {
+        let c = Fixture::new("[amqp]\nheartbeat = \"2s\"", &[("default", GOOD_LADDER)])
+            .load(&[])
+            .unwrap();
+        assert_eq!(
+            c.amqp.heartbeat_timeout,
+            Duration::from_secs(6),
+            "three intervals of a heartbeat given"
+        );
+        for (main, key) in [
+            ("[amqp]\nheartbeat = \"1500ms\"", "amqp.heartbeat"),
+            (
+                "[amqp]\nheartbeat = \"2s\"\nheartbeat_timeout = \"2s\"",
+                "amqp.heartbeat_timeout",
+            ),
+            ("[amqp]\nstall_timeout = \"100ms\"", "amqp.stall_timeout"),
+        ] {
+            assert_eq!(problem(main, GOOD_LADDER).key, key, "{main}");
+        }
+        let off = Fixture::new("[amqp]\nheartbeat = \"0s\"", &[("default", GOOD_LADDER)])
+            .load(&[])
+            .unwrap();
+        assert!(off.amqp.heartbeat.is_zero());
     }
 
     #[test]
