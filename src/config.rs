@@ -51,7 +51,7 @@ pub const ENV_PREFIX: &str = "LADDER";
 /// `LADDER_*` variable is ignored, not an error: Kubernetes sets `LADDER_PORT`,
 /// `LADDER_SERVICE_HOST` … in every pod of a namespace with a Service named `ladder`, and tools
 /// have variables of their own. `admin.tokens.<name>` takes any name.
-const ENV_KEYS: [&str; 22] = [
+const ENV_KEYS: [&str; 25] = [
     "namespace",
     "ladders_dir",
     "prefetch",
@@ -70,6 +70,9 @@ const ENV_KEYS: [&str; 22] = [
     "amqp__connection_name",
     "amqp__reconnect_min",
     "amqp__reconnect_max",
+    "amqp__heartbeat",
+    "amqp__heartbeat_timeout",
+    "amqp__stall_timeout",
     "admin__bind",
     "admin__poll_interval",
     "admin__tokens_dir",
@@ -155,6 +158,15 @@ pub struct AmqpConfig {
     pub reconnect_min: Duration,
     /// The reconnect delay doubles up to this, jittered.
     pub reconnect_max: Duration,
+    /// The heartbeat interval asked of the broker (whole seconds; a URI's `?heartbeat=` wins).
+    pub heartbeat: Duration,
+    /// A connection on which the broker sent nothing for this long is dead: the service fails
+    /// over to the next node (a silent cut: a partition, a lost machine).
+    pub heartbeat_timeout: Duration,
+    /// A hop with work waiting (unconfirmed publishes, or ready messages it is not given) that
+    /// makes no progress for this long is stalled: the service is not ready, says why, and fails
+    /// over to the next node (a node that cannot reach its queues' leaders).
+    pub stall_timeout: Duration,
     /// Certificates for `amqps://` brokers (`amqp.tls`); `None`: the platform's CA roots and
     /// no client certificate.
     pub tls: Option<ladder_amqp::TlsOptions>,
@@ -283,6 +295,12 @@ struct RawAmqp {
     reconnect_min: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     reconnect_max: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    heartbeat: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    heartbeat_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    stall_timeout: Option<Duration>,
     url_file: Option<PathBuf>,
     urls_file: Option<PathBuf>,
     tls: Option<RawTls>,
@@ -566,6 +584,20 @@ const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(250);
 /// a few seconds, while a long outage costs one connection attempt per node every few seconds.
 const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(5);
 
+/// The heartbeat interval asked of the broker. RabbitMQ's default (60 s) would notice a silent
+/// cut after two minutes; one second costs a 8-byte frame a second each way on an idle
+/// connection.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// Silence after which a connection is dead: three heartbeat intervals. RabbitMQ sends a
+/// heartbeat only after a whole interval without sending, checked once per interval, so two of
+/// its frames can be up to two intervals apart on a healthy idle connection; the third interval
+/// is the margin. With the defaults a silent cut is noticed within 3 s.
+const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// No progress for this long with work waiting is a stall (issue 39: fail over within 5 s).
+const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// By default one destination may hold all but this share of the due hop's prefetch (a
 /// quarter): a stalled destination leaves that quarter to the others, and a healthy one that is
 /// merely busy is not throttled. With a quarter as its bound instead, a single destination at
@@ -670,6 +702,30 @@ fn validate(
             "must be above zero and at most amqp.reconnect_max",
         ));
     }
+    let heartbeat = raw.amqp.heartbeat.unwrap_or(DEFAULT_HEARTBEAT);
+    if heartbeat.subsec_nanos() != 0 || heartbeat.as_secs() > u64::from(u16::MAX) {
+        return Err(ConfigError::new(
+            file,
+            "amqp.heartbeat",
+            "must be whole seconds, at most 65535 s (\"0s\" turns heartbeats off)",
+        ));
+    }
+    let heartbeat_timeout = raw.amqp.heartbeat_timeout.unwrap_or(if raw.amqp.heartbeat.is_some() {
+        heartbeat * 3
+    } else {
+        DEFAULT_HEARTBEAT_TIMEOUT
+    });
+    if !heartbeat.is_zero() && heartbeat_timeout <= heartbeat {
+        return Err(ConfigError::new(
+            file,
+            "amqp.heartbeat_timeout",
+            "must be longer than amqp.heartbeat (three intervals leave RabbitMQ's heartbeats a margin)",
+        ));
+    }
+    let stall_timeout = raw.amqp.stall_timeout.unwrap_or(DEFAULT_STALL_TIMEOUT);
+    if stall_timeout < Duration::from_millis(500) {
+        return Err(ConfigError::new(file, "amqp.stall_timeout", "must be at least 500ms"));
+    }
 
     let namespace = raw.namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
     check_namespace(&namespace).map_err(|p| ConfigError::new(file, "namespace", p))?;
@@ -722,6 +778,9 @@ fn validate(
                 .unwrap_or_else(|| DEFAULT_CONNECTION_NAME.into()),
             reconnect_min,
             reconnect_max,
+            heartbeat,
+            heartbeat_timeout,
+            stall_timeout,
             tls,
         },
         namespace,
@@ -1116,6 +1175,37 @@ mod tests {
         assert_eq!(l.queue_type, QueueType::Quorum);
         assert_eq!(l.dead_letter_strategy, DeadLetterStrategy::AtLeastOnce);
         assert!(l.allows("orders") && !l.allows("orders2"));
+        let a = &c.amqp;
+        assert_eq!(
+            (a.heartbeat, a.heartbeat_timeout, a.stall_timeout),
+            (Duration::from_secs(1), Duration::from_secs(3), Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn partition_timeouts_are_checked() {
+        let c = Fixture::new("[amqp]\nheartbeat = \"2s\"", &[("default", GOOD_LADDER)])
+            .load(&[])
+            .unwrap();
+        assert_eq!(
+            c.amqp.heartbeat_timeout,
+            Duration::from_secs(6),
+            "three intervals of a heartbeat given"
+        );
+        for (main, key) in [
+            ("[amqp]\nheartbeat = \"1500ms\"", "amqp.heartbeat"),
+            (
+                "[amqp]\nheartbeat = \"2s\"\nheartbeat_timeout = \"2s\"",
+                "amqp.heartbeat_timeout",
+            ),
+            ("[amqp]\nstall_timeout = \"100ms\"", "amqp.stall_timeout"),
+        ] {
+            assert_eq!(problem(main, GOOD_LADDER).key, key, "{main}");
+        }
+        let off = Fixture::new("[amqp]\nheartbeat = \"0s\"", &[("default", GOOD_LADDER)])
+            .load(&[])
+            .unwrap();
+        assert!(off.amqp.heartbeat.is_zero());
     }
 
     #[test]

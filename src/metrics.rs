@@ -101,6 +101,7 @@ pub struct Metrics {
     leaving: Mutex<HashMap<(String, String), SharedLeaveTimes>>,
     unaccounted: Family<LadderLabel, Gauge>,
     unaccounted_alarms: Family<LadderLabel, Counter>,
+    in_doubt: Family<LadderLabel, Gauge>,
     hold_transitions: Family<KindLabels, Counter>,
     destinations_held: Family<LadderLabel, Gauge>,
     held_messages: Family<LadderLabel, Counter>,
@@ -148,6 +149,7 @@ impl Metrics {
             leaving: Mutex::default(),
             unaccounted: Family::default(),
             unaccounted_alarms: Family::default(),
+            in_doubt: Family::default(),
             hold_transitions: Family::default(),
             destinations_held: Family::default(),
             held_messages: Family::default(),
@@ -250,6 +252,11 @@ impl Metrics {
             m.unaccounted_alarms.clone(),
         );
         registry.register(
+            "ladder_in_doubt_messages",
+            "Messages whose fate the accounting identity does not know yet after a disruption (a partition, a lost session): not counted as lost",
+            m.in_doubt.clone(),
+        );
+        registry.register(
             "ladder_reconnects",
             "Broker sessions started after a lost connection",
             m.reconnects.clone(),
@@ -290,6 +297,7 @@ impl Metrics {
         let label = LadderLabel { ladder: ladder.clone() };
         let _ = self.unaccounted.get_or_create(&label);
         let _ = self.unaccounted_alarms.get_or_create(&label);
+        let _ = self.in_doubt.get_or_create(&label);
         let hop = |family: &Family<HopLabels, Counter>, hop: Hop| {
             family
                 .get_or_create(&HopLabels {
@@ -415,6 +423,14 @@ impl Metrics {
         if messages > 0 {
             self.unaccounted_alarms.get_or_create(&labels).inc();
         }
+    }
+
+    /// Records how many messages of `ladder` are in doubt (see [`crate::model::accounting`]).
+    pub fn set_in_doubt(&self, ladder: &str, messages: u64) {
+        let labels = LadderLabel {
+            ladder: ladder.to_string(),
+        };
+        self.in_doubt.get_or_create(&labels).set(messages as i64);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -633,6 +649,7 @@ mod tests {
             "ladder_queue_messages{ladder=\"orders\",queue=\"delay.10s\"} 7",
             "ladder_unaccounted_messages{ladder=\"orders\"} 0",
             "ladder_unaccounted_alarms_total{ladder=\"orders\"} 0",
+            "ladder_in_doubt_messages{ladder=\"orders\"} 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

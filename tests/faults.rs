@@ -16,6 +16,15 @@
 //! and an `arrivals.csv` of every delivery are kept under `target/tmp/faults/<namespace>/` when
 //! a test fails (always with `LADDER_FAULTS_KEEP=1`).
 //!
+//! The partition cases (`fault_partition_*`) need the nodes in network namespaces of their own
+//! (`scripts/broker` profile `4.3-netns`; `scripts/faults --full` runs them there, see
+//! `scripts/broker.md`) and skip on any other profile: Ladder cut off from its node (blackhole
+//! routes both ways between this machine's namespace and the node's), the node leading the
+//! ladder's queues — Ladder's node too — cut off from the other two (a minority leader), the
+//! same one way only (what the leader sends to the others is dropped), and the leader's link
+//! set down and up every 3 s for a minute. Each heals, and prints its `FAULT …` line with how
+//! long the service took to leave the node (`detected_ms`).
+//!
 //! The setup of every scenario: the topology is declared through node 2 and the destination
 //! queue (quorum) is declared there too, so node 2 leads them all (RabbitMQ places a new
 //! queue's leader on the node the client is connected to); replica 1 connects to node 1 first,
@@ -32,8 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::cluster::{
-    Arrival, CLUSTER_URLS_VAR, Cluster, ExclusiveUse, Follower, LadderProcess, Producer, ProducerReport, PropsFor,
-    connect_any, delete_on_cluster_blocking, lock,
+    Arrival, CLUSTER_URLS_VAR, Cluster, ExclusiveUse, Follower, LadderProcess, PARTITION_PROFILE, Producer,
+    ProducerReport, PropsFor, connect_any, delete_on_cluster_blocking, lock,
 };
 use common::{WAIT, declared_names, now_ms, unique_namespace};
 use ladder::broker::topology::Names;
@@ -102,7 +111,32 @@ enum Fault {
     /// same data, revive), to `LADDER_FAULTS_UPGRADE_TO` (default: the version the cluster runs,
     /// the procedure alone). Meant for the `4.0-cluster` profile.
     RollingUpgrade,
+    /// Blackhole routes between this machine (Ladder, the test's clients) and the node replica
+    /// 1 is connected to, both ways, for [`PARTITION`]; then healed.
+    PartitionLadder,
+    /// The node leading the ladder's queues, which replica 1 is connected to, cut off from the
+    /// other two (both ways) for [`PARTITION`]: a minority leader. This machine still reaches it.
+    PartitionLeader,
+    /// Like [`Fault::PartitionLeader`], one way: what the leader sends to the other two nodes is
+    /// dropped, what they send to it arrives.
+    PartitionOneWay,
+    /// The leader's link (replica 1's node) down and up every [`FLAP_HALF`] for [`FLAP_FOR`].
+    PartitionFlap,
 }
+
+/// How long a partition lasts.
+const PARTITION: Duration = Duration::from_secs(20);
+
+/// A flapping link is down this long, then up this long.
+const FLAP_HALF: Duration = Duration::from_secs(3);
+
+/// For how long the link flaps.
+const FLAP_FOR: Duration = Duration::from_secs(60);
+
+/// Issue 39's target: a silent cut, or a node that cannot reach the queues' leaders, is left
+/// within 5 s (`amqp.heartbeat_timeout` and `amqp.stall_timeout`, 3 s by default, plus one
+/// look of the watchdog and the reconnect); a second of slack for a loaded two-core machine.
+const DETECTION_BOUND: Duration = Duration::from_secs(6);
 
 impl Fault {
     fn name(self) -> &'static str {
@@ -113,6 +147,27 @@ impl Fault {
             Fault::KillLadder => "ladder-killed",
             Fault::RollingRestart => "rolling-restart",
             Fault::RollingUpgrade => "rolling-upgrade",
+            Fault::PartitionLadder => "partition-ladder-cut-off",
+            Fault::PartitionLeader => "partition-minority-leader",
+            Fault::PartitionOneWay => "partition-one-way",
+            Fault::PartitionFlap => "partition-flapping-link",
+        }
+    }
+
+    /// A partition: needs the `4.3-netns` profile.
+    fn partition(self) -> bool {
+        matches!(
+            self,
+            Fault::PartitionLadder | Fault::PartitionLeader | Fault::PartitionOneWay | Fault::PartitionFlap
+        )
+    }
+
+    /// The node each replica connects to first: for a cut of the leader, replica 1 sits on the
+    /// leader, the worst place.
+    fn replica_nodes(self) -> [usize; 2] {
+        match self {
+            Fault::PartitionLeader | Fault::PartitionOneWay | Fault::PartitionFlap => [LEAD_NODE, CLIENT_NODE],
+            _ => REPLICA_NODES,
         }
     }
 
@@ -122,6 +177,13 @@ impl Fault {
         match self {
             Fault::CloseConnections => Duration::from_secs(5),
             Fault::RollingRestart | Fault::RollingUpgrade => Duration::from_secs(20),
+            // Ladder leaves the minority node within 5 s, but a session on the majority needs
+            // the topology declared (a metadata write) and the ladder's streams read to a marker
+            // of its own (an append), and with the streams' writers and the metadata on the
+            // minority node those wait until the majority's nodes notice the cut (net_ticktime,
+            // 10 s on 4.3-netns) or the heal: measured 10-20.5 s for a 20 s cut, so issue 39's
+            // 5 s is not met here (docs/src/operations/faults.md#partitions)
+            Fault::PartitionLeader | Fault::PartitionOneWay => PARTITION + Duration::from_secs(5),
             _ => Duration::from_secs(10),
         }
     }
@@ -139,6 +201,12 @@ impl Fault {
             Fault::LadderNode => fault + Duration::from_secs(5),
             Fault::LeaderNode | Fault::RollingRestart | Fault::RollingUpgrade => Duration::from_secs(10),
             Fault::CloseConnections | Fault::KillLadder => Duration::from_secs(5),
+            // issue 39's target is the cut plus 5 s: what the lost session held returns to its
+            // queue once its node hears of the loss (the node's own heartbeat timeout), or, held
+            // on the minority side, at the heal
+            Fault::PartitionLadder | Fault::PartitionLeader | Fault::PartitionOneWay => fault + Duration::from_secs(5),
+            // each cut of a flapping link lasts FLAP_HALF
+            Fault::PartitionFlap => FLAP_HALF + Duration::from_secs(5),
         }
     }
 
@@ -152,7 +220,7 @@ impl Fault {
 
     /// Only with `LADDER_FAULTS_FULL=1`.
     fn slow(self, replicas: usize) -> bool {
-        replicas > 1 || matches!(self, Fault::KillLadder | Fault::RollingRestart | Fault::RollingUpgrade)
+        replicas > 1 || self.partition() || matches!(self, Fault::KillLadder | Fault::RollingRestart | Fault::RollingUpgrade)
     }
 }
 
@@ -169,6 +237,14 @@ fn run(test: &str, fault: Fault, replicas: usize) {
         );
         return;
     };
+    if fault.partition() && !cluster.partitionable() {
+        eprintln!(
+            "skipping {test}: partitions need the nodes in network namespaces (profile {PARTITION_PROFILE}, \
+             scripts/faults --full), not profile {}",
+            cluster.profile
+        );
+        return;
+    }
     if fault.slow(replicas) && std::env::var("LADDER_FAULTS_FULL").as_deref() != Ok("1") {
         eprintln!("skipping {test}: a slow fault test, run only with LADDER_FAULTS_FULL=1 (scripts/faults --full)");
         return;
@@ -252,6 +328,50 @@ fn upgrade_target() -> String {
     std::env::var("LADDER_FAULTS_UPGRADE_TO").unwrap_or_else(|_| "4.0".into())
 }
 
+#[test]
+fn fault_partition_ladder_cut_off() {
+    run("fault_partition_ladder_cut_off", Fault::PartitionLadder, 1);
+}
+
+#[test]
+fn fault_partition_ladder_cut_off_two_replicas() {
+    run("fault_partition_ladder_cut_off_two_replicas", Fault::PartitionLadder, 2);
+}
+
+#[test]
+fn fault_partition_minority_leader() {
+    run("fault_partition_minority_leader", Fault::PartitionLeader, 1);
+}
+
+#[test]
+fn fault_partition_minority_leader_two_replicas() {
+    run(
+        "fault_partition_minority_leader_two_replicas",
+        Fault::PartitionLeader,
+        2,
+    );
+}
+
+#[test]
+fn fault_partition_one_way() {
+    run("fault_partition_one_way", Fault::PartitionOneWay, 1);
+}
+
+#[test]
+fn fault_partition_one_way_two_replicas() {
+    run("fault_partition_one_way_two_replicas", Fault::PartitionOneWay, 2);
+}
+
+#[test]
+fn fault_partition_flapping_link() {
+    run("fault_partition_flapping_link", Fault::PartitionFlap, 1);
+}
+
+#[test]
+fn fault_partition_flapping_link_two_replicas() {
+    run("fault_partition_flapping_link_two_replicas", Fault::PartitionFlap, 2);
+}
+
 /// What message `seq` is: where the ladder should take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -311,6 +431,7 @@ struct Rig {
     dir: tempfile::TempDir,
     log_dir: PathBuf,
     replicas: Vec<LadderProcess>,
+    replica_nodes: [usize; 2],
     queues: Vec<String>,
     exchanges: Vec<String>,
 }
@@ -324,6 +445,10 @@ impl Rig {
             Fault::KillLadder => "fkill",
             Fault::RollingRestart => "froll",
             Fault::RollingUpgrade => "fupgr",
+            Fault::PartitionLadder => "fpcut",
+            Fault::PartitionLeader => "fpmin",
+            Fault::PartitionOneWay => "fpone",
+            Fault::PartitionFlap => "fpflap",
         };
         let ns = unique_namespace(&format!("{hint}{replicas}"));
         let dir = tempfile::tempdir().unwrap();
@@ -344,6 +469,7 @@ impl Rig {
             dir,
             log_dir,
             replicas: vec![],
+            replica_nodes: fault.replica_nodes(),
             queues,
             exchanges,
         }
@@ -396,7 +522,7 @@ impl Rig {
             self.dir.path(),
             &name,
             &self.ns,
-            &self.cluster.urls_from(REPLICA_NODES[i]),
+            &self.cluster.urls_from(self.replica_nodes[i]),
         );
         let rust_log = std::env::var("LADDER_FAULTS_RUST_LOG").unwrap_or_else(|_| "ladder=debug".into());
         let mut replica = LadderProcess::spawn(&name, &config, &self.log_dir, &rust_log);
@@ -728,6 +854,25 @@ fn outage(deliveries: &[Arrival], from_ms: u64, to_ms: u64) -> (u64, u64) {
     (longest, first)
 }
 
+/// Waits `d`, and meanwhile, until it is seen, notes when `replica`'s session count
+/// (`ladder_reconnects_total`) rose above `before`: ms after `fault_ms`.
+async fn watch_for(replica: &LadderProcess, d: Duration, fault_ms: u64, before: f64, detected: &mut Option<u64>) {
+    let until = tokio::time::Instant::now() + d;
+    while tokio::time::Instant::now() < until {
+        if detected.is_none()
+            && let Ok(Some(n)) =
+                tokio::time::timeout(Duration::from_millis(300), replica.metric("ladder_reconnects_total")).await
+            && n > before
+        {
+            *detected = Some(now_ms() - fault_ms);
+        }
+        tokio::time::sleep(
+            Duration::from_millis(100).min(until.saturating_duration_since(tokio::time::Instant::now())),
+        )
+        .await;
+    }
+}
+
 async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
     cluster.ensure_up().await;
     let mut rig = Rig::new(cluster, fault, replicas);
@@ -760,6 +905,14 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         props_for(rig.destination.clone()),
     );
     let watch = ReadyWatch::start(&rig.replicas);
+    if fault.partition() {
+        // the first deliveries after a partition case's heal can take a few seconds (new
+        // queues elect their leaders while the cluster settles): wait for one, bounded
+        let _ = common::poll_until(WAIT, async || {
+            (!delivered.snapshot().is_empty()).then_some(()).ok_or(())
+        })
+        .await;
+    }
     tokio::time::sleep(WARMUP).await;
     assert!(
         !delivered.snapshot().is_empty(),
@@ -809,6 +962,9 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         }
         _ => vec![],
     };
+    let reconnects_before = rig.replicas[0].metric("ladder_reconnects_total").await.unwrap_or(0.0);
+    // when replica 1 left its node: its session count rose (ms after the fault)
+    let mut detected: Option<u64> = None;
     let fault_ms = now_ms();
     let mut ladder_kills = 0;
     let fault_detail = match fault {
@@ -860,6 +1016,46 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
                 );
             }
             format!("nodes 1, 2, 3 to {to}")
+        }
+        Fault::PartitionLadder => {
+            let node = ladder_nodes[0].expect("replica 1 has a connection");
+            rig.cluster.cut("host", &node.to_string(), false).await;
+            watch_for(&rig.replicas[0], PARTITION, fault_ms, reconnects_before, &mut detected).await;
+            rig.cluster.heal().await;
+            format!("host and node {node} cut both ways for {PARTITION:?}")
+        }
+        Fault::PartitionLeader | Fault::PartitionOneWay => {
+            assert_eq!(
+                ladder_nodes[0],
+                Some(tier_leader),
+                "replica 1 should be connected to the leader of the ladder's queues"
+            );
+            let oneway = fault == Fault::PartitionOneWay;
+            for other in rig.cluster.nodes().filter(|n| *n != tier_leader) {
+                rig.cluster
+                    .cut(&tier_leader.to_string(), &other.to_string(), oneway)
+                    .await;
+            }
+            watch_for(&rig.replicas[0], PARTITION, fault_ms, reconnects_before, &mut detected).await;
+            rig.cluster.heal().await;
+            format!(
+                "leader node {tier_leader} cut from the others{} for {PARTITION:?}",
+                if oneway { " one way (its packets dropped)" } else { "" }
+            )
+        }
+        Fault::PartitionFlap => {
+            let node = ladder_nodes[0].expect("replica 1 has a connection");
+            let until = tokio::time::Instant::now() + FLAP_FOR;
+            let mut flaps = 0;
+            while tokio::time::Instant::now() < until {
+                rig.cluster.link(node, false).await;
+                watch_for(&rig.replicas[0], FLAP_HALF, fault_ms, reconnects_before, &mut detected).await;
+                rig.cluster.link(node, true).await;
+                watch_for(&rig.replicas[0], FLAP_HALF, fault_ms, reconnects_before, &mut detected).await;
+                flaps += 1;
+            }
+            rig.cluster.heal().await;
+            format!("node {node}'s link down {FLAP_HALF:?} and up {FLAP_HALF:?}, {flaps} times")
         }
     };
     let fault_end_ms = now_ms();
@@ -953,7 +1149,7 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
          duplicates={} duplicate_bound={duplicate_bound} client_redeliveries={} late_max_ms={late_max} late_p99_ms={late_p99} \
          late_over_1s={late_over_1s} extra_max_ms={extra_max} extra_p99_ms={extra_p99} extra_over_1s={extra_over_1s} \
          first_delivery_ms={first_ms} recovery_gap_ms={gap_ms} baseline_gap_ms={baseline_gap} ready_after_ms={ready_ms} \
-         unready_ms={unready_ms} fault_duration_ms={} service_reconnects={reconnects:?} \
+         unready_ms={unready_ms} fault_duration_ms={} detected_ms={} service_reconnects={reconnects:?} \
          producer_reconnects={} follower_reconnects={follower_reconnects} nacked={} returned={} unconfirmed={} unconfirmed_seen={} \
          unexpected_parked={} leader_node={tier_leader} ladder_nodes={ladder_nodes:?}",
         fault.name(),
@@ -964,6 +1160,7 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         acc.duplicates,
         acc.client_redeliveries,
         fault_end_ms - fault_ms,
+        detected.map_or("-".to_string(), |d| d.to_string()),
         report.reconnects,
         report.nacked,
         report.returned,
@@ -1027,6 +1224,18 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
         fault.lateness_bound(fault_duration)
     );
     assert!(ready_now, "the replicas are not all ready at the end");
+    // Asserted for the silent cut only. A node cut off from the leaders (both ways or one way)
+    // may hand its replica no work and answer its reads of the queues with nothing ready
+    // (measured): the replica then has nothing to notice and stays until the heal; it leaves
+    // within the bound only when it had publishes in flight at the cut (measured both ways).
+    // With two replicas the one on the cut node may have no work at all. See the docs.
+    if replicas == 1 && fault == Fault::PartitionLadder {
+        let detected = detected.expect("replica 1 never left its node during the partition");
+        assert!(
+            Duration::from_millis(detected) <= DETECTION_BOUND,
+            "replica 1 left its node {detected} ms after the cut; the bound is {DETECTION_BOUND:?}"
+        );
+    }
     assert!(
         Duration::from_millis(ready_ms) <= fault.recovery_bound() + Duration::from_millis(fault_end_ms - fault_ms),
         "/ready took {ready_ms} ms after the fault to answer 200 again"

@@ -55,6 +55,13 @@ pub struct ConnectOptions {
     pub connection_name: Option<String>,
     /// Certificates for `amqps://` (the platform's roots when `None`).
     pub tls: Option<TlsOptions>,
+    /// How long the broker may stay silent (no frame at all, heartbeats included) before the
+    /// connection counts as dead; `None`: two heartbeat intervals. RabbitMQ sends a heartbeat
+    /// only after an interval in which it sent nothing, checked once per interval, so its
+    /// frames on an idle connection can be up to two intervals apart: a bound of two intervals
+    /// exactly can fire on a healthy idle connection, so give it some margin (Ladder: three).
+    /// Ignored while heartbeats are off.
+    pub dead_after: Option<Duration>,
 }
 
 impl ConnectOptions {
@@ -64,6 +71,7 @@ impl ConnectOptions {
             uri,
             connection_name: None,
             tls: None,
+            dead_after: None,
         }
     }
 }
@@ -224,6 +232,7 @@ impl Connection {
             frame_max: frame_max as usize,
             channel_max,
             heartbeat,
+            dead_after: heartbeat.map(|h| options.dead_after.unwrap_or(h * 2)),
             server_properties,
             blocked: watch::Sender::new(None),
         });
@@ -421,7 +430,7 @@ async fn read_loop<R: AsyncRead + Unpin>(io: Arc<Io>, mut read: R, mut buf: Byte
 }
 
 async fn read_frames<R: AsyncRead + Unpin>(io: &Io, read: &mut R, buf: &mut BytesMut) -> Error {
-    let silence = io.heartbeat.map(|h| h * 2);
+    let silence = io.dead_after;
     loop {
         loop {
             match frame::parse(buf, io.frame_max) {
@@ -444,7 +453,7 @@ async fn read_frames<R: AsyncRead + Unpin>(io: &Io, read: &mut R, buf: &mut Byte
         let n = match silence {
             Some(limit) => match tokio::time::timeout(limit, read).await {
                 Ok(r) => r,
-                Err(_) => return Error::HeartbeatTimeout(limit.as_secs()),
+                Err(_) => return Error::HeartbeatTimeout(limit.as_secs_f64().ceil() as u64),
             },
             None => read.await,
         };

@@ -51,6 +51,8 @@ pub(crate) struct Io {
     pub(crate) frame_max: usize,
     pub(crate) channel_max: u16,
     pub(crate) heartbeat: Option<Duration>,
+    /// Silence after which the reader fails the connection (`None` while heartbeats are off).
+    pub(crate) dead_after: Option<Duration>,
     pub(crate) server_properties: FieldTable,
     /// `Some(reason)` while the broker blocks this connection's publishes (`connection.blocked`).
     pub(crate) blocked: watch::Sender<Option<String>>,

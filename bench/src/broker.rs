@@ -45,6 +45,7 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection> {
         uri: url.parse().map_err(|e| anyhow!("broker url: {e}"))?,
         connection_name: Some(name.to_string()),
         tls: None,
+        dead_after: None,
     };
     bounded("connect to the broker", OP_TIMEOUT, Connection::connect(&options)).await
 }

@@ -394,6 +394,7 @@ mod tests {
                     anchored: true,
                     missing: Some(2),
                     unaccounted: 2,
+                    in_doubt: 0,
                 },
                 next_leaves: Vec::new(),
                 lateness: [0; LATENESS_BUCKETS + 1],

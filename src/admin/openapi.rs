@@ -65,8 +65,8 @@ fn paths() -> Value {
         }},
         "/ready": {"get": {
             "operationId": "ready",
-            "summary": "200 once the topology is declared and every consumer runs; 503 before, while reconnecting, while the broker blocks publishing (a resource alarm) and after the drain",
-            "responses": {"200": text("ready"), "503": text("not ready, or `not ready: <reason>[; <reason>…]` while connected but held up, e.g. `not ready: blocked: low on memory`")},
+            "summary": "200 once the topology is declared and every consumer runs; 503 before, while reconnecting, while the broker blocks publishing (a resource alarm), while a hop is stalled, and after the drain",
+            "responses": {"200": text("ready"), "503": text("`not ready: <why>`: `connecting`, or every reason that holds a connected service up, separated by `; `, e.g. `not ready: blocked: low on memory` or `not ready: stalled: <ladder>/<hop> no progress for Ns with work waiting`")},
         }},
         "/metrics": {"get": {
             "operationId": "metrics",
@@ -809,11 +809,12 @@ fn schemas() -> Value {
             }), &[])),
             "accounting": nullable(object(json!({
                 "verdict": {"type": "string", "enum": [
-                    "unchecked", "busy", "anchored", "balanced", "suspect", "unaccounted", "rebased"
+                    "unchecked", "busy", "anchored", "balanced", "suspect", "unaccounted", "in_doubt", "rebased"
                 ]},
                 "anchored": {"type": "boolean"},
                 "missing": nullable(json!({"type": "integer"})),
                 "unaccounted": count(),
+                "in_doubt": count(),
             }), &[])),
         }), &["senders", "unidentified"]),
     });

@@ -102,6 +102,12 @@ struct Tracked {
     reported: u64,
     /// Whether other consumers shared the intake or due queue at the latest poll.
     shared: bool,
+    /// The `ladder_in_doubt_messages` value last exported.
+    reported_in_doubt: u64,
+    /// Since the latest observation: a poll could not read the broker (a partition?).
+    unread: bool,
+    /// The service's session count (`ladder_reconnects_total`) at the latest observation.
+    session: u64,
 }
 
 /// What one poll read from the broker for one ladder.
@@ -130,6 +136,9 @@ pub async fn run(
             ledger: Ledger::default(),
             reported: 0,
             shared: false,
+            reported_in_doubt: 0,
+            unread: false,
+            session: 0,
         })
         .collect();
     let amqp = AmqpConfig {
@@ -213,17 +222,22 @@ async fn poll(
                 .sum();
             let complete = read.depths.iter().all(|(_, messages)| messages.is_some());
             let shared = read.consumers.is_some_and(|(intake, due)| intake > 1 || due > 1);
+            let checkable = ready
+                && state.health.is_ready()
+                && complete
+                && session == session_after
+                && read.consumers == Some((1, 1));
             let observation = Observation {
                 before: before[i],
                 after,
                 waiting,
-                checkable: ready
-                    && state.health.is_ready()
-                    && complete
-                    && session == session_after
-                    && read.consumers == Some((1, 1)),
+                checkable,
                 shared,
+                // what went unconfirmed or unacked then may turn up late, or counted twice
+                disrupted: ladder.unread || !checkable || ladder.session != session_after,
             };
+            ladder.unread = false;
+            ladder.session = session_after;
             if shared != ladder.shared {
                 ladder.shared = shared;
                 if shared {
@@ -236,6 +250,9 @@ async fn poll(
             }
             let verdict = ladder.ledger.observe(&observation, ACCOUNTING_RULES);
             report(ladder, verdict, state);
+        }
+        if !readable {
+            ladder.unread = true;
         }
         let rates = previous
             .and_then(|p| p.ladder(&ladder.spec.name).map(|l| (p.at, l.counters)))
@@ -255,6 +272,7 @@ async fn poll(
                     .missing()
                     .map(|m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64),
                 unaccounted: ladder.ledger.unaccounted(),
+                in_doubt: ladder.ledger.in_doubt(),
             },
         });
     }
@@ -330,6 +348,14 @@ fn report(ladder: &mut Tracked, verdict: Verdict, state: &State) {
                 "messages the ladder cannot account for"
             );
         }
+        Verdict::InDoubt { missing } if missing != ladder.reported_in_doubt => {
+            warn!(
+                ladder = name,
+                in_doubt = missing,
+                "messages missing after a disruption (a partition, a lost connection); in doubt, not lost: unacked \
+                 deliveries and unconfirmed publishes of the lost session may still come back"
+            );
+        }
         Verdict::Rebased { surplus } => {
             info!(
                 ladder = name,
@@ -347,6 +373,11 @@ fn report(ladder: &mut Tracked, verdict: Verdict, state: &State) {
             );
         }
         _ => {}
+    }
+    let in_doubt = ladder.ledger.in_doubt();
+    if in_doubt != ladder.reported_in_doubt {
+        state.metrics.set_in_doubt(name, in_doubt);
+        ladder.reported_in_doubt = in_doubt;
     }
     if unaccounted != ladder.reported {
         state.metrics.set_unaccounted(name, unaccounted);

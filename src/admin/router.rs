@@ -78,21 +78,16 @@ async fn live() -> &'static str {
     "ok"
 }
 
-/// 200 `ready`, or 503 `not ready`, followed by why when the service is connected but held up
-/// (`not ready: blocked: low on memory`; several reasons are separated by `; `).
+/// 200 `ready`, or 503 `not ready: <why>`: `connecting` while no session serves, else every
+/// reason that holds a connected service up, by kind (`blocked: low on memory`, `stalled:
+/// <ladder>/<hop> no progress for 3s with work waiting`; several are separated by `; `).
 async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, String) {
     let health = &state.service.health;
     if health.is_ready() {
-        return (StatusCode::OK, "ready".to_string());
-    }
-    let reasons = health.reasons();
-    if reasons.is_empty() {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready".to_string())
+        (StatusCode::OK, "ready".into())
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}", reasons.join("; ")),
-        )
+        let why = health.reason().unwrap_or_else(|| "connecting".into());
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
     }
 }
 
@@ -197,6 +192,25 @@ mod tests {
         f.state.service.health.clear_reason("blocked");
         let (status, _, body) = get(&f.state, "/ready").await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "ready"));
+    }
+
+    #[tokio::test]
+    async fn not_ready_without_a_session_says_connecting() {
+        let f = fixture();
+        assert_eq!(get(&f.state, "/ready").await.2, "not ready: connecting");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_hop_is_not_ready_and_says_why() {
+        let f = fixture();
+        f.state.service.health.set_ready(true);
+        let why = "stalled: orders/due no progress for 3s with work waiting";
+        f.state.service.health.set_stalled(Some(why.into()));
+        let (status, _, body) = get(&f.state, "/ready").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, format!("not ready: {why}"));
+        f.state.service.health.set_stalled(None);
+        assert_eq!(get(&f.state, "/ready").await.0, StatusCode::OK);
     }
 
     #[tokio::test]
@@ -316,6 +330,7 @@ mod tests {
                     anchored: true,
                     missing: Some(0),
                     unaccounted: 0,
+                    in_doubt: 0,
                 },
                 next_leaves: vec![("1s".into(), Some((1_763_766_000_600, 6))), ("10s".into(), None)],
                 lateness: Default::default(),
@@ -487,6 +502,7 @@ mod tests {
                     anchored: true,
                     missing: Some(0),
                     unaccounted: 0,
+                    in_doubt: 0,
                 },
                 next_leaves: Vec::new(),
                 lateness,

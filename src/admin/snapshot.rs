@@ -93,7 +93,7 @@ impl Rates {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct AccountingStatus {
     /// The latest poll's verdict: `unchecked`, `busy`, `anchored`, `balanced`, `suspect`,
-    /// `unaccounted` or `rebased`.
+    /// `unaccounted`, `in_doubt` or `rebased`.
     pub verdict: &'static str,
     /// Whether a reference balance is set (the check is running).
     pub anchored: bool,
@@ -101,4 +101,6 @@ pub struct AccountingStatus {
     pub missing: Option<i64>,
     /// What `ladder_unaccounted_messages` shows.
     pub unaccounted: u64,
+    /// What `ladder_in_doubt_messages` shows: missing after a disruption, fate not known yet.
+    pub in_doubt: u64,
 }

@@ -159,6 +159,16 @@ pub(crate) fn accounting_sentence(
             ),
         );
     }
+    if a.in_doubt > 0 {
+        return (
+            "warn",
+            format!(
+                "{} missing since a disruption (a partition, a lost connection): in doubt, not lost — \
+                 unacked deliveries and unconfirmed publishes of the lost session may still come back.",
+                messages(a.in_doubt)
+            ),
+        );
+    }
     match a.verdict {
         "balanced" => ("ok", format!("All {} accounted for.", messages(received))),
         "anchored" => (
@@ -1345,6 +1355,7 @@ mod tests {
             anchored: verdict != "unchecked",
             missing,
             unaccounted,
+            in_doubt: 0,
         }
     }
 

@@ -8,3 +8,4 @@ pub mod lot;
 pub mod relay;
 pub mod supervisor;
 pub mod topology;
+pub mod watchdog;

@@ -66,10 +66,35 @@ impl Health {
         self.lock_reasons().remove(kind);
     }
 
+    /// Why the service is not ready: every reason that holds it up (`kind: detail`, joined by
+    /// `; `), or `connecting` while no session serves; `None` when ready.
+    pub fn reason(&self) -> Option<String> {
+        let reasons = self.reasons();
+        if !reasons.is_empty() {
+            return Some(reasons.join("; "));
+        }
+        (!self.ready.load(Ordering::Relaxed)).then(|| "connecting".to_string())
+    }
+
+    /// Marks a hop stalled (`Some(reason)`, `stalled: …`) or clears it: the [`STALLED`] reason,
+    /// set by the session's watchdog ([`crate::broker::watchdog`]).
+    pub(crate) fn set_stalled(&self, reason: Option<String>) {
+        match reason {
+            Some(reason) => {
+                let detail = reason.strip_prefix("stalled: ").unwrap_or(&reason).to_string();
+                self.set_reason(STALLED, detail);
+            }
+            None => self.clear_reason(STALLED),
+        }
+    }
+
     fn lock_reasons(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<&'static str, String>> {
         self.reasons.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
+
+/// The readiness reason while a hop makes no progress with work waiting (the watchdog's).
+pub const STALLED: &str = "stalled";
 
 /// The readiness reason while the broker blocks the service's publishes (a resource alarm).
 pub const BLOCKED: &str = "blocked";
@@ -201,10 +226,14 @@ async fn connect_from(amqp: &AmqpConfig, name: &str, first: usize) -> ladder_amq
         // config validated the URI; a failure here would be a bug, reported as a bad URI
         let mut uri: ladder_amqp::AmqpUri = amqp.urls[i].expose().parse()?;
         uri.connection_timeout = Some(uri.connection_timeout.unwrap_or(CONNECT_TIMEOUT));
+        // a URI's own ?heartbeat= wins (and then two of its intervals, the client's default)
+        let dead_after = uri.heartbeat.is_none().then_some(amqp.heartbeat_timeout);
+        uri.heartbeat = Some(uri.heartbeat.unwrap_or(amqp.heartbeat.as_secs() as u16));
         let options = ConnectOptions {
             uri,
             connection_name: Some(name.to_string()),
             tls: amqp.tls.clone(),
+            dead_after,
         };
         match Connection::connect(&options).await {
             Ok(connection) => return Ok((connection, i)),
@@ -417,6 +446,7 @@ async fn session(
         error,
         broker: Some(broker),
     };
+    let session_started = std::time::Instant::now();
     let declared = match declare(&connection, config).await {
         Ok(older) => {
             look_at_drift(&connection, config, state, older).await;
@@ -429,6 +459,7 @@ async fn session(
         close(&connection).await;
         return Err(e);
     }
+    debug!(took = ?session_started.elapsed(), "topology declared");
 
     // every ladder's cancellations and holds are read before any loop may deliver what they
     // cancel or hold
@@ -505,6 +536,7 @@ async fn session(
         close(&connection).await;
         return Err(retry(e));
     }
+    debug!(took = ?session_started.elapsed(), "cancellation and hold streams read");
 
     // the releasers: resumed destinations drain, the automatic hold polls
     let mut releasers = JoinSet::new();
@@ -545,8 +577,20 @@ async fn session(
                 waiting_ready = false;
                 if ready {
                     health.clear_reason(DISCONNECTED);
+                    health.set_stalled(None);
                     health.set_ready(true);
                     info!(ladders = ladders.len(), "ready");
+                    // from now on a hop that stops moving with work waiting ends the session
+                    let (ladders, connection, stop, state) =
+                        (ladders.to_vec(), connection.clone(), follow_stop.clone(), state.clone());
+                    let (stall_timeout, shutdown) = (config.amqp.stall_timeout, shutdown.clone());
+                    followers.spawn(
+                        async move {
+                            crate::broker::watchdog::watch(&connection, &ladders, &state.health, stall_timeout, &stop, &shutdown)
+                                .await
+                        }
+                        .instrument(info_span!("watchdog")),
+                    );
                 }
                 continue;
             }

@@ -45,6 +45,16 @@
 //!   (no uncounted failure can hide then); before, it is balanced. A duplicate made while
 //!   messages wait can therefore hide a loss of as many until the ladder is next empty; a loss
 //!   is never reported where there is none.
+//! - A partition leaves some messages' fate unknown for a while: deliveries the service held
+//!   when its connection died stay checked out to the dead consumer on the queue's leader
+//!   (quorum queues keep them for a consumer they cannot tell dead from cut off) and show in no
+//!   ready count; a publish unconfirmed when the connection died may or may not be in its tier;
+//!   a redelivery after the heal may come without the `redelivered` flag and count as entering
+//!   again. So a shortfall first judged after a **disruption** (a lost session, a poll that
+//!   could not read the broker, the service not ready) is **in doubt**, not lost: reported as
+//!   `InDoubt` (`ladder_in_doubt_messages`, a warning), never as unaccounted. It stays in doubt
+//!   until the ladder balances again; a shortfall beyond it, found later, is unaccounted as
+//!   before.
 //! - The counters are this process's. With several replicas each sees every queue but only its
 //!   own traffic, so the caller must not mark a poll `exclusive` unless this process is the
 //!   only consumer of the ladder's intake and due queues; across replicas, sum the counters in
@@ -110,6 +120,9 @@ pub struct Observation {
     /// Another process consumes the ladder's intake or due queue (a replica): this process's
     /// counters are not the whole traffic, so the check is off and its anchor dropped.
     pub shared: bool,
+    /// Since the previous poll the service lost its session, a poll could not read the broker,
+    /// or the service was not ready: what a shortfall is judged next is in doubt, not lost.
+    pub disrupted: bool,
 }
 
 /// When a discrepancy is reported.
@@ -143,6 +156,13 @@ pub enum Verdict {
         /// The smallest shortfall over those polls.
         missing: u64,
     },
+    /// Messages were missing on `Rules::polls` consecutive quiet polls, first judged after a
+    /// disruption (a partition, a lost session): their fate is not known yet, and no alarm is
+    /// raised.
+    InDoubt {
+        /// How many are in doubt.
+        missing: u64,
+    },
     /// More messages were found than counted, persistently, on a poll with nothing waiting
     /// (duplicates after a lost ack, or messages published straight into a tier); they became
     /// part of the reference.
@@ -162,6 +182,7 @@ impl Verdict {
             Verdict::Balanced => "balanced",
             Verdict::Suspect { .. } => "suspect",
             Verdict::Unaccounted { .. } => "unaccounted",
+            Verdict::InDoubt { .. } => "in_doubt",
             Verdict::Rebased { .. } => "rebased",
         }
     }
@@ -180,6 +201,10 @@ pub struct Ledger {
     /// `missing` of the latest consecutive quiet polls (negative: surplus), newest last.
     recent: VecDeque<i128>,
     unaccounted: u64,
+    /// The shortfall taken as in doubt (not lost) after a disruption.
+    in_doubt: u64,
+    /// A disruption happened since the last judged shortfall: the next one is in doubt.
+    doubt_pending: bool,
     last: Option<Verdict>,
 }
 
@@ -191,11 +216,16 @@ impl Ledger {
             && self.previous == Some(observation.after)
             && observation.after.idle();
         self.previous = Some(observation.after);
+        if observation.disrupted && self.anchor.is_some() {
+            self.doubt_pending = true;
+        }
 
         let verdict = if observation.shared {
             self.anchor = None;
             self.recent.clear();
             self.unaccounted = 0;
+            self.in_doubt = 0;
+            self.doubt_pending = false;
             Verdict::Unchecked
         } else if !observation.checkable {
             Verdict::Unchecked
@@ -208,6 +238,8 @@ impl Ledger {
                     self.anchor = Some(Anchor { balance });
                     self.recent.clear();
                     self.unaccounted = 0;
+                    self.in_doubt = 0;
+                    self.doubt_pending = false;
                     Verdict::Anchored
                 }
                 Some(anchor) => {
@@ -229,10 +261,22 @@ impl Ledger {
         let full = self.recent.len() == polls;
         if missing > tolerance {
             if full && self.recent.iter().all(|m| *m > tolerance) {
-                let least = self.recent.iter().copied().min().unwrap_or(missing);
-                self.unaccounted = clamp(least);
-                Verdict::Unaccounted {
-                    missing: self.unaccounted,
+                let least = clamp(self.recent.iter().copied().min().unwrap_or(missing));
+                if self.doubt_pending {
+                    // the first shortfall judged after a disruption: in doubt, not lost
+                    self.doubt_pending = false;
+                    self.in_doubt = least;
+                }
+                if least <= self.in_doubt.saturating_add(clamp(tolerance)) {
+                    // messages in doubt come back a few at a time: what is left stays in doubt
+                    self.in_doubt = least;
+                    self.unaccounted = 0;
+                    Verdict::InDoubt { missing: least }
+                } else {
+                    self.unaccounted = least - self.in_doubt;
+                    Verdict::Unaccounted {
+                        missing: self.unaccounted,
+                    }
                 }
             } else {
                 Verdict::Suspect {
@@ -246,11 +290,18 @@ impl Ledger {
             }
             self.recent.clear();
             self.unaccounted = 0;
+            self.in_doubt = 0;
+            self.doubt_pending = false;
             Verdict::Rebased {
                 surplus: clamp(surplus),
             }
         } else {
             self.unaccounted = 0;
+            if missing <= tolerance && (missing <= 0 || !self.doubt_pending) {
+                // balanced on a quiet poll: whatever was in doubt is accounted for
+                self.in_doubt = 0;
+                self.doubt_pending = false;
+            }
             Verdict::Balanced
         }
     }
@@ -259,6 +310,12 @@ impl Ledger {
     /// (busy and suspect polls keep the previous value).
     pub fn unaccounted(&self) -> u64 {
         self.unaccounted
+    }
+
+    /// What `ladder_in_doubt_messages` should show: messages whose fate is not known yet after
+    /// a disruption (neither lost nor accounted for).
+    pub fn in_doubt(&self) -> u64 {
+        self.in_doubt
     }
 
     /// The verdict of the latest poll, if any.
@@ -307,6 +364,7 @@ mod tests {
             waiting,
             checkable: true,
             shared: false,
+            disrupted: false,
         }
     }
 
@@ -483,6 +541,74 @@ mod tests {
         let delivered = repeat(&mut l, quiet(counters(6, 6, 0), 0), 5);
         assert_eq!(delivered[1..], [Verdict::Balanced; 4], "{delivered:?}");
         assert_eq!(l.unaccounted(), 0);
+    }
+
+    #[test]
+    fn a_shortfall_after_a_partition_is_in_doubt_not_lost_until_it_balances() {
+        let mut l = Ledger::default();
+        let c = counters(100, 0, 0);
+        repeat(&mut l, quiet(c, 100), 2);
+        assert!(l.anchored());
+        // a partition: the session is lost, polls cannot read the broker (not ready)
+        let cut = Observation {
+            checkable: false,
+            disrupted: true,
+            ..quiet(c, 100)
+        };
+        assert_eq!(l.observe(&cut, RULES), Verdict::Unchecked);
+        // after the heal 40 of them are checked out to the dead consumer, in no ready count
+        // (or came back without the redelivered flag and counted as entering again)
+        let after = repeat(&mut l, quiet(c, 60), 4);
+        assert_eq!(
+            after,
+            [
+                Verdict::Suspect { missing: 40 },
+                Verdict::Suspect { missing: 40 },
+                Verdict::InDoubt { missing: 40 },
+                Verdict::InDoubt { missing: 40 },
+            ]
+        );
+        assert_eq!((l.unaccounted(), l.in_doubt()), (0, 40), "no loss alarm");
+        // they come back a few at a time: fewer in doubt
+        assert_eq!(l.observe(&quiet(c, 90), RULES), Verdict::InDoubt { missing: 10 });
+        assert_eq!(repeat(&mut l, quiet(c, 90), 2)[1], Verdict::InDoubt { missing: 10 });
+        assert_eq!((l.unaccounted(), l.in_doubt()), (0, 10));
+        // all back: balanced, nothing in doubt
+        assert_eq!(l.observe(&quiet(c, 100), RULES), Verdict::Balanced);
+        assert_eq!((l.unaccounted(), l.in_doubt()), (0, 0));
+        // a loss now, with no disruption, is an alarm again
+        assert_eq!(repeat(&mut l, quiet(c, 97), 3)[2], Verdict::Unaccounted { missing: 3 });
+    }
+
+    #[test]
+    fn a_loss_beyond_what_is_in_doubt_is_still_an_alarm() {
+        let mut l = Ledger::default();
+        let c = counters(50, 0, 0);
+        repeat(&mut l, quiet(c, 50), 2);
+        let disrupted = Observation {
+            disrupted: true,
+            ..quiet(c, 45)
+        };
+        l.observe(&disrupted, RULES);
+        assert_eq!(repeat(&mut l, quiet(c, 45), 2)[1], Verdict::InDoubt { missing: 5 });
+        // two more vanish later, with nothing disrupted: those two are unaccounted
+        assert_eq!(repeat(&mut l, quiet(c, 43), 3)[2], Verdict::Unaccounted { missing: 2 });
+        assert_eq!((l.unaccounted(), l.in_doubt()), (2, 5));
+    }
+
+    #[test]
+    fn a_disruption_with_nothing_missing_leaves_nothing_in_doubt() {
+        let mut l = Ledger::default();
+        let c = counters(50, 0, 0);
+        repeat(&mut l, quiet(c, 50), 2);
+        let disrupted = Observation {
+            disrupted: true,
+            ..quiet(c, 50)
+        };
+        assert_eq!(l.observe(&disrupted, RULES), Verdict::Balanced);
+        assert_eq!(l.in_doubt(), 0);
+        // a loss found later is an alarm: the disruption was judged (balanced) already
+        assert_eq!(repeat(&mut l, quiet(c, 48), 4)[3], Verdict::Unaccounted { missing: 2 });
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod leaving;
 pub mod lot;
 pub mod names;
 pub mod plan;
+pub mod progress;
 pub mod protocol;
 
 #[cfg(test)]

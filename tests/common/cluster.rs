@@ -119,7 +119,12 @@ pub struct Cluster {
     pub profile: String,
     script: PathBuf,
     down: Mutex<BTreeSet<usize>>,
+    /// A cut or a link down may be in force (healed on drop).
+    partitioned: Mutex<bool>,
 }
+
+/// The `scripts/broker` profile whose nodes run in network namespaces of their own.
+pub const PARTITION_PROFILE: &str = "4.3-netns";
 
 impl Cluster {
     /// The cluster of [`CLUSTER_URLS_VAR`] (profile `LADDER_TEST_BROKER_PROFILE`, default
@@ -133,6 +138,7 @@ impl Cluster {
             profile,
             script,
             down: Mutex::new(BTreeSet::new()),
+            partitioned: Mutex::new(false),
         })
     }
 
@@ -244,6 +250,12 @@ impl Cluster {
 
     /// Starts again, blocking, every node this test stopped or killed (for `Drop`).
     pub fn restore_blocking(&self) {
+        if *lock(&self.partitioned) {
+            eprintln!("healing the partitions of {} after a failed test", self.profile);
+            if self.broker_blocking(&["heal", &self.profile], CTL_WAIT) {
+                *lock(&self.partitioned) = false;
+            }
+        }
         let down: Vec<usize> = lock(&self.down).iter().copied().collect();
         for n in down {
             eprintln!("restarting node {n} of {} after a failed test", self.profile);
@@ -251,6 +263,37 @@ impl Cluster {
                 lock(&self.down).remove(&n);
             }
         }
+    }
+
+    /// Whether the nodes run in network namespaces of their own (`scripts/broker` profile
+    /// `4.3-netns`), so partitions can be made.
+    pub fn partitionable(&self) -> bool {
+        self.profile == PARTITION_PROFILE
+    }
+
+    /// Cuts `a` from `b` (node numbers, or `"host"`: this machine's namespace, where Ladder and
+    /// the test run) with blackhole routes; `oneway`: only what `a` sends to `b` is dropped.
+    pub async fn cut(&self, a: &str, b: &str, oneway: bool) {
+        *lock(&self.partitioned) = true;
+        let mut args = vec!["cut", &self.profile, a, b];
+        if oneway {
+            args.push("--oneway");
+        }
+        self.broker(&args, CTL_WAIT).await;
+    }
+
+    /// Sets node `n`'s link to the bridge down (`false`) or up.
+    pub async fn link(&self, n: usize, up: bool) {
+        *lock(&self.partitioned) = true;
+        let n = n.to_string();
+        self.broker(&["link", &self.profile, &n, if up { "up" } else { "down" }], CTL_WAIT)
+            .await;
+    }
+
+    /// Removes every cut and sets every link up.
+    pub async fn heal(&self) {
+        self.broker(&["heal", &self.profile], CTL_WAIT).await;
+        *lock(&self.partitioned) = false;
     }
 
     /// `rabbitmqctl -q ARGS` on the first node this test did not take down.

@@ -1,0 +1,186 @@
+//! The session's watchdog: notices a hop that makes no progress while work waits for it, says
+//! so in `/ready`, and ends the session so the supervisor moves to the next node.
+//!
+//! Missed heartbeats catch a node that went silent (`amqp.heartbeat_timeout`). This catches
+//! the node that still talks but cannot serve: in a partition, a node cut off from the leaders
+//! of the ladder's quorum queues answers heartbeats yet confirms no publish into them and
+//! delivers nothing from them. Every [`TICK`] it looks at each hop's counters
+//! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed — or a
+//! publish refused; a delivery received is not, as a node cut off from the rest may still hand
+//! out what it holds while it confirms nothing); a hop with nothing in flight that did not move has its queue
+//! read (a passive declare on this connection) to see whether messages wait for it. A hop with
+//! work waiting and no progress for `amqp.stall_timeout` is stalled; a read the node does not
+//! answer within that time is too (it asks the queue's leader). Both end the session: on another
+//! node the hop moves again, and what it held goes back to its queue when the connection closes.
+//!
+//! While the broker blocks publishers (a resource alarm, `connection.blocked`), waiting is
+//! expected and the same on every node: the watchdog then judges nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ladder_amqp::{Channel, Connection};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, trace, warn};
+
+use crate::broker::relay::{Hop, LadderRuntime};
+use crate::broker::supervisor::Health;
+use crate::clock::now_ms;
+use crate::model::progress::{Look, Progress};
+
+/// How often the watchdog looks.
+const TICK: Duration = Duration::from_millis(500);
+
+/// A hop whose publishes the broker refused (nacked, or returned) this recently is answered,
+/// not cut off: the relay retries a refused publish after up to 30 s, and another node would
+/// refuse it too. Stalled then, it is not ready and says so, but the session goes on.
+const REFUSED_RECENTLY: Duration = Duration::from_secs(60);
+
+/// Watches until `stop` or `shutdown` (a draining hop takes no more deliveries: no stall);
+/// `Err` (the reason) when a hop stalled or the node stopped answering.
+pub async fn watch(
+    connection: &Connection,
+    ladders: &[Arc<LadderRuntime>],
+    health: &Health,
+    stall_timeout: Duration,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Result<(), String> {
+    let limit_ms = stall_timeout.as_millis() as u64;
+    let mut progress: Vec<[Progress; 3]> = ladders.iter().map(|_| Default::default()).collect();
+    // per hop: (refusals seen, when they last rose)
+    let mut refusals: Vec<[(u64, Option<u64>); 3]> = ladders.iter().map(|_| Default::default()).collect();
+    let mut reported: Option<String> = None;
+    let mut channel: Option<Channel> = None;
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            // the session ends a follower that returns: wait for the end of the drain instead
+            () = shutdown.cancelled() => {
+                stop.cancelled().await;
+                return Ok(());
+            }
+            _ = ticks.tick() => {}
+        }
+        if connection.is_blocked() {
+            progress.iter_mut().flatten().for_each(Progress::reset);
+            if reported.take().is_some() {
+                health.set_stalled(None);
+            }
+            continue;
+        }
+        let mut refused_stall: Option<String> = None;
+        for ((ladder, hops), refused) in ladders.iter().zip(progress.iter_mut()).zip(refusals.iter_mut()) {
+            for ((hop, p), refused) in Hop::ALL.into_iter().zip(hops.iter_mut()).zip(refused.iter_mut()) {
+                let metrics = ladder.metrics.hop(hop);
+                let refusals_now = metrics.publish_failures.get() + metrics.returned.get();
+                if refusals_now != refused.0 {
+                    *refused = (refusals_now, Some(now_ms()));
+                }
+                let settled: u64 = metrics.duration.counts().iter().sum();
+                // deliveries received are no progress by themselves: a node cut off from the
+                // rest may hand out what its old leader still holds while it confirms nothing
+                let activity = settled + refusals_now;
+                let in_flight = u64::try_from(metrics.in_flight.get()).unwrap_or(0);
+                // read the queue only when the hop did not move and has nothing in flight: a
+                // moving hop is fine, and one with publishes in flight has work waiting anyway
+                let quiet = in_flight == 0 && p.last_activity() == Some(activity);
+                let ready = if quiet {
+                    let queue = queue_of(ladder, hop);
+                    match read_ready(connection, &mut channel, queue, stall_timeout).await {
+                        Ok(ready) => ready,
+                        Err(e) => {
+                            let reason = format!(
+                                "stalled: {}/{hop} the node did not answer a read of {queue} within {}s: {e}",
+                                ladder.spec.name,
+                                stall_timeout.as_secs_f64()
+                            );
+                            health.set_stalled(Some(reason.clone()));
+                            return Err(reason);
+                        }
+                    }
+                } else {
+                    None
+                };
+                if let Some(ms) = p.look(
+                    now_ms(),
+                    Look {
+                        activity,
+                        in_flight,
+                        ready,
+                    },
+                    limit_ms,
+                ) {
+                    let reason = format!(
+                        "stalled: {}/{hop} no progress for {}s with work waiting",
+                        ladder.spec.name,
+                        ms.div_ceil(1000)
+                    );
+                    let answered = refused
+                        .1
+                        .is_some_and(|at| now_ms().saturating_sub(at) < REFUSED_RECENTLY.as_millis() as u64);
+                    if answered {
+                        // the broker refuses its publishes: honest, but no reason to move
+                        refused_stall.get_or_insert(format!("{reason} (the broker refuses its publishes)"));
+                        continue;
+                    }
+                    warn!(ladder = %ladder.spec.name, %hop, in_flight, ready = ?ready, "{reason}; moving to another node");
+                    health.set_stalled(Some(reason.clone()));
+                    return Err(reason);
+                }
+            }
+        }
+        if refused_stall != reported {
+            if let Some(reason) = &refused_stall {
+                warn!("{reason}");
+            }
+            health.set_stalled(refused_stall.clone());
+            reported = refused_stall;
+        }
+    }
+}
+
+fn queue_of(ladder: &LadderRuntime, hop: Hop) -> &str {
+    match hop {
+        Hop::Intake => &ladder.names.intake_queue,
+        Hop::Due => &ladder.names.due,
+        Hop::Quarantine => &ladder.names.quarantine,
+    }
+}
+
+/// Ready messages in `queue`, read on the watchdog's channel (opened on first use, again after
+/// a 404 closed it): `Ok(None)` if the queue is missing, `Err` if the node did not answer in time.
+async fn read_ready(
+    connection: &Connection,
+    channel: &mut Option<Channel>,
+    queue: &str,
+    within: Duration,
+) -> Result<Option<u64>, String> {
+    let read = async {
+        if !channel.as_ref().is_some_and(Channel::is_open) {
+            *channel = Some(connection.create_channel().await.map_err(|e| e.to_string())?);
+        }
+        let Some(ch) = channel.as_ref() else { return Ok(None) };
+        match ch.queue_inspect(queue).await {
+            Ok(info) => {
+                trace!(
+                    queue,
+                    ready = info.message_count,
+                    consumers = info.consumer_count,
+                    "watchdog read"
+                );
+                Ok(Some(u64::from(info.message_count)))
+            }
+            Err(e) if e.reply_code() == Some(404) => {
+                debug!(queue, "watchdog: queue not found");
+                Ok(None)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .unwrap_or_else(|_| Err("no answer".to_string()))
+}
