@@ -285,9 +285,7 @@ impl Metrics {
 
     /// Counts a SIGHUP reload that ended in `result` (`applied`, `unchanged`, `invalid`).
     pub fn reloaded(&self, result: &str) {
-        self.reloads
-            .get_or_create(&ResultLabel { result: result.into() })
-            .inc();
+        self.reloads.get_or_create(&ResultLabel { result: result.into() }).inc();
     }
 
     /// The handles one ladder's loops use.

@@ -220,7 +220,9 @@ impl Fault {
 
     /// Only with `LADDER_FAULTS_FULL=1`.
     fn slow(self, replicas: usize) -> bool {
-        replicas > 1 || self.partition() || matches!(self, Fault::KillLadder | Fault::RollingRestart | Fault::RollingUpgrade)
+        replicas > 1
+            || self.partition()
+            || matches!(self, Fault::KillLadder | Fault::RollingRestart | Fault::RollingUpgrade)
     }
 }
 

@@ -33,7 +33,13 @@ pub async fn read(connection: &Connection, namespace: &str) -> Result<Registry, 
     }
     let marker_id = crate::clock::unique_id("topology");
     let marker = serde_json::json!({"format": TOPOLOGY_MARKER_FORMAT, "id": marker_id});
-    append(connection, &stream, TOPOLOGY_MARKER_FORMAT, marker.to_string().as_bytes()).await?;
+    append(
+        connection,
+        &stream,
+        TOPOLOGY_MARKER_FORMAT,
+        marker.to_string().as_bytes(),
+    )
+    .await?;
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     bounded("setting the prefetch", channel.basic_qos(200)).await?;
     let mut args = FieldTable::default();
@@ -99,7 +105,11 @@ pub async fn record(
 }
 
 /// Appends that `names` were pruned.
-async fn record_pruned(connection: &Connection, namespace: &str, objects: Vec<(Kind, String)>) -> Result<(), DriftError> {
+async fn record_pruned(
+    connection: &Connection,
+    namespace: &str,
+    objects: Vec<(Kind, String)>,
+) -> Result<(), DriftError> {
     if objects.is_empty() {
         return Ok(());
     }
@@ -108,7 +118,13 @@ async fn record_pruned(connection: &Connection, namespace: &str, objects: Vec<(K
         by: format!("ladder prune {}", env!("CARGO_PKG_VERSION")),
         objects,
     };
-    append(connection, &Names::topology(namespace), TOPOLOGY_FORMAT, &record.to_vec()).await
+    append(
+        connection,
+        &Names::topology(namespace),
+        TOPOLOGY_FORMAT,
+        &record.to_vec(),
+    )
+    .await
 }
 
 /// Whether `queue` exists (a passive declare on a channel of its own).
@@ -251,20 +267,12 @@ pub async fn compare(connection: &Connection, declarations: &[Declaration]) -> R
                     durable: true,
                     ..Default::default()
                 };
-                match bounded(
-                    "comparing a queue",
-                    channel.queue_declare(name, options, table(args)),
-                )
-                .await
-                {
+                match bounded("comparing a queue", channel.queue_declare(name, options, table(args))).await {
                     Err(CancelError::Broker(e)) if precondition(&e).is_some() && older.is_some() => {
                         let older = older.as_deref().unwrap_or_default();
                         let channel = bounded("opening a channel", connection.create_channel()).await?;
-                        let kept = bounded(
-                            "comparing a queue",
-                            channel.queue_declare(name, options, table(older)),
-                        )
-                        .await;
+                        let kept =
+                            bounded("comparing a queue", channel.queue_declare(name, options, table(older))).await;
                         let _ = channel.close(200, "compared").await;
                         match kept {
                             Ok(_) => {
@@ -321,7 +329,11 @@ pub enum Pruned {
 /// read once more, and deleted only if still empty (re-bound and kept if not). A retired ladder's
 /// exchanges go first (its way in first), then its queues, each read once more before it goes.
 /// Appends what went to the topology stream.
-pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: bool) -> Result<Vec<Pruned>, DriftError> {
+pub async fn prune(
+    connection: &Connection,
+    config: &Config,
+    with_parking_lot: bool,
+) -> Result<Vec<Pruned>, DriftError> {
     let version = topology::version_of(connection);
     let registry = read(connection, &config.namespace).await?;
     let retired = retired_now(connection, config, version, &registry).await?;
@@ -362,10 +374,18 @@ pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: b
         let channel = bounded("opening a channel", connection.create_channel()).await?;
         for inflow in &inflows {
             if let Declaration::Binding {
-                exchange, queue, key, args, ..
+                exchange,
+                queue,
+                key,
+                args,
+                ..
             } = inflow
             {
-                bounded("unbinding a tier", channel.queue_unbind(queue, exchange, key, table(args))).await?;
+                bounded(
+                    "unbinding a tier",
+                    channel.queue_unbind(queue, exchange, key, table(args)),
+                )
+                .await?;
             }
         }
         let now = bounded("reading a queue", channel.queue_inspect(&r.name)).await?;
@@ -373,10 +393,18 @@ pub async fn prune(connection: &Connection, config: &Config, with_parking_lot: b
         if (!r.stream && now.message_count > 0) || now.consumer_count > 0 {
             for inflow in &inflows {
                 if let Declaration::Binding {
-                    exchange, queue, key, args, ..
+                    exchange,
+                    queue,
+                    key,
+                    args,
+                    ..
                 } = inflow
                 {
-                    bounded("binding a tier again", channel.queue_bind(queue, exchange, key, table(args))).await?;
+                    bounded(
+                        "binding a tier again",
+                        channel.queue_bind(queue, exchange, key, table(args)),
+                    )
+                    .await?;
                 }
             }
             let _ = channel.close(200, "kept").await;

@@ -57,7 +57,11 @@ pub fn describe(config: &Config, survey: &Result<Survey, String>) -> Vec<String>
     let brokers = config.amqp.brokers();
     let survey = match survey {
         Ok(survey) => survey,
-        Err(e) => return vec![format!("broker {brokers}: {e}; retired and differing objects not shown")],
+        Err(e) => {
+            return vec![format!(
+                "broker {brokers}: {e}; retired and differing objects not shown"
+            )];
+        }
     };
     let mut lines = vec![format!(
         "broker {brokers}: {} retired, {} differing from the config",

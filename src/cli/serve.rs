@@ -143,7 +143,7 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
                 if new.admin.bind != config.admin.bind {
                     warn!(bind = %config.admin.bind, new = %new.admin.bind, "admin.bind changes on a restart only; the admin server stays where it is");
                 }
-                config = Arc::new(new);
+                config = Arc::new(*new);
             }
             Next::Ended(Ok(result)) => break result,
             Next::Ended(Err(e)) => {
@@ -176,13 +176,13 @@ enum Next {
     /// The service ended (drained on a signal, or a fault reconnecting cannot fix).
     Ended(Result<Result<(), service::ServiceError>, tokio::task::JoinError>),
     /// It drained for this new config.
-    Reload(Config),
+    Reload(Box<Config>),
 }
 
 /// What a SIGHUP found.
 enum Reloaded {
     /// The files load into a valid config that differs: serve it (with its files' fingerprint).
-    New(Config, u64),
+    New(Box<Config>, u64),
     /// The files are as they were.
     Unchanged,
     /// The files do not load; the running config stays.
@@ -199,7 +199,7 @@ fn reload(running: &Config, env: &HashMap<String, String>, fingerprint: u64) -> 
             if print == fingerprint {
                 Reloaded::Unchanged
             } else {
-                Reloaded::New(new, print)
+                Reloaded::New(Box::new(new), print)
             }
         }
     }

@@ -419,7 +419,11 @@ mod tests {
         let first = planned("ns", std::slice::from_ref(&six), v());
         let record = registry.declaring(&first, 1, "a").expect("a new plan is recorded");
         registry.apply(&record);
-        assert_eq!(registry.declaring(&first, 2, "a"), None, "the same plan again adds nothing");
+        assert_eq!(
+            registry.declaring(&first, 2, "a"),
+            None,
+            "the same plan again adds nothing"
+        );
         assert!(registry.retired("ns", &first).is_empty());
 
         let two = spec("t", &["2s", "4s"]);
@@ -458,7 +462,11 @@ mod tests {
         let retired = fresh.retired("ns", &b);
         assert!(retired.iter().all(|k| k.ladder == "a"), "{retired:?}");
         assert!(retired.iter().any(|k| k.role == ENTRY_ROLE && k.name == "ns.a"));
-        assert!(retired.iter().any(|k| k.kind == Kind::Exchange && k.name == "ns.a.next"));
+        assert!(
+            retired
+                .iter()
+                .any(|k| k.kind == Kind::Exchange && k.name == "ns.a.next")
+        );
         assert!(TopologyRecord::from_slice(b"{\"record\":\"other\"}").is_none());
     }
 
@@ -475,7 +483,11 @@ mod tests {
         let mut registry = Registry::default();
         registry.apply(
             &registry
-                .declaring(&planned("ns", &[spec("t", &["6s"]), spec("gone", &["1s"])], v()), 1, "x")
+                .declaring(
+                    &planned("ns", &[spec("t", &["6s"]), spec("gone", &["1s"])], v()),
+                    1,
+                    "x",
+                )
                 .unwrap(),
         );
         let now = planned("ns", &[spec("t", &["2s"])], v());
@@ -484,7 +496,13 @@ mod tests {
         // the 6 s tier holds 3 messages; everything of `gone` is empty
         let obs: Vec<Observed> = retired
             .iter()
-            .map(|k| if k.name == "ns.t.delay.6s" { observed(3, 0) } else { observed(0, 0) })
+            .map(|k| {
+                if k.name == "ns.t.delay.6s" {
+                    observed(3, 0)
+                } else {
+                    observed(0, 0)
+                }
+            })
             .collect();
         let report = report(&retired, &obs, &live, 1_000);
         let six = report.iter().find(|r| r.name == "ns.t.delay.6s").unwrap();
@@ -509,23 +527,37 @@ mod tests {
             })
             .collect();
         let first_exchange = deleted.iter().position(|n| *n == "ns.gone").unwrap();
-        assert!(deleted[..first_exchange].iter().all(|n| {
-            report.iter().find(|r| r.name == *n).unwrap().kind == Kind::Queue
-        }));
+        assert!(
+            deleted[..first_exchange]
+                .iter()
+                .all(|n| { report.iter().find(|r| r.name == *n).unwrap().kind == Kind::Queue })
+        );
         assert!(deleted.contains(&"ns.gone.intake") && deleted.contains(&"ns.gone.next"));
         // with the parking lot, it goes too
-        assert!(prune_plan(&report, true)
-            .iter()
-            .any(|s| matches!(s, PruneStep::Delete(r) if r.name == "ns.gone.parked")));
+        assert!(
+            prune_plan(&report, true)
+                .iter()
+                .any(|s| matches!(s, PruneStep::Delete(r) if r.name == "ns.gone.parked"))
+        );
 
         // a message in gone's intake keeps every queue-less exchange of gone, and says why
         let obs: Vec<Observed> = retired
             .iter()
-            .map(|k| if k.name == "ns.gone.intake" { observed(1, 0) } else { observed(0, 0) })
+            .map(|k| {
+                if k.name == "ns.gone.intake" {
+                    observed(1, 0)
+                } else {
+                    observed(0, 0)
+                }
+            })
             .collect();
         let report = super::report(&retired, &obs, &live, 1_000);
         let intake = report.iter().find(|r| r.name == "ns.gone.intake").unwrap();
-        assert!(intake.ladder_retired && intake.note.contains("no replica serves"), "{}", intake.note);
+        assert!(
+            intake.ladder_retired && intake.note.contains("no replica serves"),
+            "{}",
+            intake.note
+        );
         for step in prune_plan(&report, true) {
             if step.object().ladder == "gone" && step.object().kind == Kind::Exchange {
                 assert!(matches!(step, PruneStep::Keep(..)), "{step:?}");
@@ -534,10 +566,12 @@ mod tests {
         // a consumer on a retired queue keeps it
         let obs: Vec<Observed> = retired.iter().map(|_| observed(0, 1)).collect();
         let report = super::report(&retired, &obs, &live, 1_000);
-        assert!(prune_plan(&report, true)
-            .iter()
-            .filter(|s| s.object().kind == Kind::Queue && !s.object().stream)
-            .all(|s| matches!(s, PruneStep::Keep(..))));
+        assert!(
+            prune_plan(&report, true)
+                .iter()
+                .filter(|s| s.object().kind == Kind::Queue && !s.object().stream)
+                .all(|s| matches!(s, PruneStep::Keep(..)))
+        );
     }
 
     #[test]

@@ -27,7 +27,10 @@ async fn depth(conn: &Connection, queue: &str) -> Option<(u32, u32)> {
 /// Whether exchange `name` exists.
 async fn exchange_exists(conn: &Connection, name: &str) -> bool {
     let ch = conn.create_channel().await.unwrap();
-    let found = tokio::time::timeout(WAIT, ch.exchange_inspect(name)).await.unwrap().is_ok();
+    let found = tokio::time::timeout(WAIT, ch.exchange_inspect(name))
+        .await
+        .unwrap()
+        .is_ok();
     if found {
         let _ = ch.close(200, "peeked").await;
     }
@@ -100,8 +103,19 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     t.start_service().await;
     let mut consumer = t.consume(&dest).await;
 
-    let seen = t.state.drift.read().unwrap().clone().expect("the service looked at drift");
-    let retired: Vec<_> = seen.survey.retired.iter().map(|r| (r.name.as_str(), r.messages)).collect();
+    let seen = t
+        .state
+        .drift
+        .read()
+        .unwrap()
+        .clone()
+        .expect("the service looked at drift");
+    let retired: Vec<_> = seen
+        .survey
+        .retired
+        .iter()
+        .map(|r| (r.name.as_str(), r.messages))
+        .collect();
     assert_eq!(retired, [(old_tier.as_str(), 20)], "{:?}", seen.survey);
     let by = seen.survey.retired[0].last_due_by_ms.expect("when the last is due");
     assert!(by > now_ms() && by <= now_ms() + 8_000, "last due by {by}");
@@ -117,12 +131,16 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     );
     let plan = run_ladder(&path, &["plan"], &[]).await;
     assert!(
-        String::from_utf8_lossy(&plan.stderr).contains(&format!("# broker")) &&
-        String::from_utf8_lossy(&plan.stderr).contains(&old_tier),
+        String::from_utf8_lossy(&plan.stderr).contains("# broker")
+            && String::from_utf8_lossy(&plan.stderr).contains(&old_tier),
         "{}",
         out(&plan)
     );
-    assert!(!String::from_utf8_lossy(&plan.stdout).contains("delay.8s"), "{}", out(&plan));
+    assert!(
+        !String::from_utf8_lossy(&plan.stdout).contains("delay.8s"),
+        "{}",
+        out(&plan)
+    );
 
     // refused while it holds messages: kept as it is, exit 75
     let dry = run_ladder(&path, &["prune", "--dry-run"], &[]).await;
@@ -134,7 +152,11 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     let refused = run_ladder(&path, &["prune"], &[]).await;
     if depth(&t.client, &old_tier).await.is_some_and(|(n, _)| n > 0) {
         assert_eq!(refused.status.code(), Some(75), "{}", out(&refused));
-        assert!(String::from_utf8_lossy(&refused.stdout).contains("holds"), "{}", out(&refused));
+        assert!(
+            String::from_utf8_lossy(&refused.stdout).contains("holds"),
+            "{}",
+            out(&refused)
+        );
     }
 
     // the old tier keeps its promise; once drained, prune --wait deletes it
@@ -182,13 +204,22 @@ async fn a_retired_ladder_is_pruned_whole_and_nothing_else() {
     let conn = connect().await;
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select().await.unwrap();
-    publish(&ch, "", &format!("{ns}.b.intake"), b"waiting", BasicProperties::default()).await;
+    publish(
+        &ch,
+        "",
+        &format!("{ns}.b.intake"),
+        b"waiting",
+        BasicProperties::default(),
+    )
+    .await;
 
     let refused = run_ladder(&path, &["prune"], &[]).await;
     assert_eq!(refused.status.code(), Some(75), "{}", out(&refused));
     let text = String::from_utf8_lossy(&refused.stdout);
     assert!(
-        text.contains(&format!("kept    queue {ns}.b.intake: holds 1 message(s) that nothing serves")),
+        text.contains(&format!(
+            "kept    queue {ns}.b.intake: holds 1 message(s) that nothing serves"
+        )),
         "{}",
         out(&refused)
     );
@@ -200,16 +231,30 @@ async fn a_retired_ladder_is_pruned_whole_and_nothing_else() {
     let pruned = run_ladder(&path, &["prune"], &[]).await;
     assert_eq!(pruned.status.code(), Some(0), "{}", out(&pruned));
     let text = String::from_utf8_lossy(&pruned.stdout);
-    assert!(text.contains(&format!("kept    queue {ns}.b.parked")), "{}", out(&pruned));
+    assert!(
+        text.contains(&format!("kept    queue {ns}.b.parked")),
+        "{}",
+        out(&pruned)
+    );
     for gone in ["intake", "due", "quarantine", "delay.1s", "holds"] {
         assert_eq!(depth(&conn, &format!("{ns}.b.{gone}")).await, None, "{gone} is deleted");
     }
     for gone in ["", ".next", ".first", ".tiers", ".due", ".quarantine"] {
-        assert!(!exchange_exists(&conn, &format!("{ns}.b{gone}")).await, "exchange b{gone} is deleted");
+        assert!(
+            !exchange_exists(&conn, &format!("{ns}.b{gone}")).await,
+            "exchange b{gone} is deleted"
+        );
     }
-    assert!(depth(&conn, &format!("{ns}.b.parked")).await.is_some(), "the parking lot is kept");
+    assert!(
+        depth(&conn, &format!("{ns}.b.parked")).await.is_some(),
+        "the parking lot is kept"
+    );
     // the ladder the config uses, and the other namespace's ladder b, are untouched
-    for kept in [format!("{ns}.a.intake"), format!("{ns}.a.delay.1s"), format!("{other}.b.intake")] {
+    for kept in [
+        format!("{ns}.a.intake"),
+        format!("{ns}.a.delay.1s"),
+        format!("{other}.b.intake"),
+    ] {
         assert!(depth(&conn, &kept).await.is_some(), "{kept} is kept");
     }
     assert!(exchange_exists(&conn, &format!("{other}.b")).await);
@@ -316,7 +361,10 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
     let _dest_cleanup = DeleteQueue(dest.clone());
     let running = Running::spawn(&path, dir.path().join("run.log"));
     let admin = running.admin().await;
-    eventually("ready", WAIT, async || (get(&admin, "/ready").await.trim() == "ready").then_some(())).await;
+    eventually("ready", WAIT, async || {
+        (get(&admin, "/ready").await.trim() == "ready").then_some(())
+    })
+    .await;
     let mut consumer = consume(&conn, &dest).await;
 
     // failures flow in before, during and after the reload
@@ -326,8 +374,16 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
         publish(&ch, &format!("{ns}.t"), "", b"x", failure(&id, &dest)).await;
         ids.insert(id);
     }
-    std::fs::write(dir.path().join("ladders/t.toml"), with_test_levels(&new_t.replace("{ns}", &ns))).unwrap();
-    std::fs::write(dir.path().join("ladders/u.toml"), with_test_levels(&ladder.replace("{ns}", &ns))).unwrap();
+    std::fs::write(
+        dir.path().join("ladders/t.toml"),
+        with_test_levels(&new_t.replace("{ns}", &ns)),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("ladders/u.toml"),
+        with_test_levels(&ladder.replace("{ns}", &ns)),
+    )
+    .unwrap();
     running.signal("HUP");
     for i in 0..30 {
         let id = format!("during-{i}");
@@ -350,7 +406,12 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
 
     let ladders = get(&admin, "/api/ladders").await;
     let v: serde_json::Value = serde_json::from_str(&ladders).unwrap();
-    let names: Vec<&str> = v["ladders"].as_array().unwrap().iter().map(|l| l["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["ladders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["t", "u"], "{ladders}");
     let retired: Vec<&str> = v["drift"]["retired"]
         .as_array()
@@ -372,10 +433,17 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
             .then_some(())
     })
     .await;
-    assert!(running.log().contains("SIGHUP: the new config is invalid; serving on with the running one"));
+    assert!(
+        running
+            .log()
+            .contains("SIGHUP: the new config is invalid; serving on with the running one")
+    );
     assert!(running.log().contains("broken.toml"), "{}", running.log());
     let metrics = get(&admin, "/metrics").await;
-    assert!(metrics.contains("ladder_config_reloads_total{result=\"applied\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("ladder_config_reloads_total{result=\"applied\"} 1"),
+        "{metrics}"
+    );
     publish(&ch, &format!("{ns}.u"), "", b"x", failure("still", &dest)).await;
     receive_each_once(&mut consumer, &HashSet::from(["still".to_string()]), WAIT).await;
     // nothing changed since: unchanged
