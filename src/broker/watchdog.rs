@@ -4,7 +4,7 @@
 //! Missed heartbeats catch a node that went silent (`amqp.heartbeat_timeout`). This catches
 //! the node that still talks but cannot serve: in a partition, a node cut off from the leaders
 //! of the ladder's quorum queues answers heartbeats yet confirms no publish into them and
-//! delivers nothing from them. Every [`TICK`] it looks at each hop's counters
+//! delivers nothing from them. Every `TICK` (500 ms) it looks at each hop's counters
 //! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed — or a
 //! publish refused; a delivery received is not, as a node cut off from the rest may still hand
 //! out what it holds while it confirms nothing); a hop with nothing in flight that did not move has its queue
