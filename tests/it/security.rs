@@ -479,14 +479,27 @@ async fn the_service_runs_over_tls_and_logs_in_with_its_client_certificate() {
     consumer.ack(&d);
 
     // the broker's own view: Ladder's connections are TLS, as the certificate's user
-    let connections =
-        String::from_utf8(rabbitmqctl_tls_node(&["list_connections", "user", "ssl", "client_properties"]).stdout)
-            .unwrap();
-    assert!(
-        connections
+    // (read until it shows, within WAIT: the broker lists a connection once its handshake is
+    // registered, and a loaded machine may show the service mid-reconnect at one instant)
+    let mut connections;
+    let deadline = std::time::Instant::now() + WAIT;
+    let found = loop {
+        connections =
+            String::from_utf8(rabbitmqctl_tls_node(&["list_connections", "user", "ssl", "client_properties"]).stdout)
+                .unwrap();
+        let found = connections
             .lines()
-            .any(|l| l.starts_with("ladder-client\ttrue\t") && l.contains("{\"connection_name\",\"ladder\"}")),
-        "no TLS connection named ladder, as the certificate's user ladder-client, in:\n{connections}"
+            .any(|l| l.starts_with("ladder-client\ttrue\t") && l.contains("{\"connection_name\",\"ladder\"}"));
+        if found || std::time::Instant::now() > deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        found,
+        "no TLS connection named ladder, as the certificate's user ladder-client, in:\n{connections}\n(service ready: {}, reconnects: {})",
+        state.health.is_ready(),
+        state.metrics.reconnects.get()
     );
 
     stop.cancel();
