@@ -12,7 +12,7 @@ use ladder_amqp::{Channel, Connection, FieldTable, FieldValue, QueueOptions};
 use tracing::debug;
 
 use crate::broker::cancels::{CancelError, append, bounded};
-use crate::broker::topology::{self, ArgValue, Declaration, Names};
+use crate::broker::topology::{self, Declaration, Names, precondition_detail as precondition, table};
 use crate::config::Config;
 use crate::model::drift::{
     Kind, Known, Observed, PruneStep, Registry, Retired, TOPOLOGY_FORMAT, TOPOLOGY_MARKER_FORMAT, TopologyRecord,
@@ -372,41 +372,11 @@ pub async fn prune(
             _ => Vec::new(),
         };
         let channel = bounded("opening a channel", connection.create_channel()).await?;
-        for inflow in &inflows {
-            if let Declaration::Binding {
-                exchange,
-                queue,
-                key,
-                args,
-                ..
-            } = inflow
-            {
-                bounded(
-                    "unbinding a tier",
-                    channel.queue_unbind(queue, exchange, key, table(args)),
-                )
-                .await?;
-            }
-        }
+        set_inflows(&channel, &inflows, false).await?;
         let now = bounded("reading a queue", channel.queue_inspect(&r.name)).await?;
         // a stream's message count is not its records' (see model::drift::report)
         if (!r.stream && now.message_count > 0) || now.consumer_count > 0 {
-            for inflow in &inflows {
-                if let Declaration::Binding {
-                    exchange,
-                    queue,
-                    key,
-                    args,
-                    ..
-                } = inflow
-                {
-                    bounded(
-                        "binding a tier again",
-                        channel.queue_bind(queue, exchange, key, table(args)),
-                    )
-                    .await?;
-                }
-            }
+            set_inflows(&channel, &inflows, true).await?;
             let _ = channel.close(200, "kept").await;
             ladders_kept.insert(r.ladder.clone());
             out.push(Pruned::Kept(
@@ -445,25 +415,41 @@ pub async fn prune(
     Ok(out)
 }
 
+/// Unbinds (or, `bind`, binds again) a retired tier's inflows ([`crate::model::plan::tier_inflows`]).
+async fn set_inflows(channel: &Channel, inflows: &[Declaration], bind: bool) -> Result<(), DriftError> {
+    for inflow in inflows {
+        if let Declaration::Binding {
+            exchange,
+            queue,
+            key,
+            args,
+            ..
+        } = inflow
+        {
+            if bind {
+                bounded(
+                    "binding a tier again",
+                    channel.queue_bind(queue, exchange, key, table(args)),
+                )
+                .await?;
+            } else {
+                bounded(
+                    "unbinding a tier",
+                    channel.queue_unbind(queue, exchange, key, table(args)),
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Deletes exchange `name` on a channel of its own.
 async fn delete_exchange(connection: &Connection, name: &str) -> Result<(), DriftError> {
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     bounded("deleting an exchange", channel.exchange_delete(name)).await?;
     let _ = channel.close(200, "pruned").await;
     Ok(())
-}
-
-/// Arguments as an AMQP table.
-fn table(args: &[(&'static str, ArgValue)]) -> FieldTable {
-    topology::table(args)
-}
-
-/// The broker's text if `error` is a 406 PRECONDITION_FAILED channel close.
-fn precondition(error: &ladder_amqp::Error) -> Option<String> {
-    match error {
-        ladder_amqp::Error::ChannelClosed(reason) if reason.code == 406 => Some(reason.text.clone()),
-        _ => None,
-    }
 }
 
 /// Whether `error` is the broker's 404 NOT_FOUND for a passive declare.

@@ -179,7 +179,7 @@ pub(crate) fn table(args: &[(&'static str, ArgValue)]) -> FieldTable {
 }
 
 /// The broker's text if `error` is a 406 PRECONDITION_FAILED channel close.
-fn precondition_detail(error: &ladder_amqp::Error) -> Option<String> {
+pub(crate) fn precondition_detail(error: &ladder_amqp::Error) -> Option<String> {
     match error {
         ladder_amqp::Error::ChannelClosed(reason) if reason.code == 406 => Some(reason.text.clone()),
         _ => None,

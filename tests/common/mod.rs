@@ -655,6 +655,17 @@ impl TestLadder {
     }
 }
 
+/// `(messages ready, consumers)` of `queue` by a passive declare, or `None` if it does not exist.
+pub async fn depth(conn: &Connection, queue: &str) -> Option<(u32, u32)> {
+    let ch = conn.create_channel().await.ok()?;
+    let declared = tokio::time::timeout(WAIT, ch.queue_inspect(queue)).await.ok()?.ok();
+    // a failed passive declare already closed the channel
+    if declared.is_some() {
+        let _ = ch.close(200, "peeked").await;
+    }
+    declared.map(|q| (q.message_count, q.consumer_count))
+}
+
 /// How many messages `queue` holds now (a passive declare on a channel of its own).
 pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
     let ch = conn.create_channel().await.unwrap();

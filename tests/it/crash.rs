@@ -137,17 +137,6 @@ impl Drop for Crash {
     }
 }
 
-/// `(messages ready, consumers)` of `queue` by a passive declare, or `None` if it does not exist.
-async fn depth(conn: &Connection, queue: &str) -> Option<(u32, u32)> {
-    let ch = conn.create_channel().await.ok()?;
-    let declared = tokio::time::timeout(WAIT, ch.queue_inspect(queue)).await.ok()?.ok();
-    // a failed passive declare already closed the channel
-    if declared.is_some() {
-        let _ = ch.close(200, "peeked").await;
-    }
-    declared.map(|q| (q.message_count, q.consumer_count))
-}
-
 /// Waits until the service consumes both its intake and its due queue.
 async fn wait_serving(conn: &Connection, names: &Names) {
     eventually("the service consumes its intake and due queues", WAIT, async || {

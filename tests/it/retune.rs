@@ -14,16 +14,6 @@ use ladder_amqp::{BasicProperties, Connection, FieldTable};
 
 use crate::common::*;
 
-/// `(messages, consumers)` of `queue`, or `None` when it does not exist.
-async fn depth(conn: &Connection, queue: &str) -> Option<(u32, u32)> {
-    let ch = conn.create_channel().await.ok()?;
-    let declared = tokio::time::timeout(WAIT, ch.queue_inspect(queue)).await.ok()?.ok();
-    if declared.is_some() {
-        let _ = ch.close(200, "peeked").await;
-    }
-    declared.map(|q| (q.message_count, q.consumer_count))
-}
-
 /// Whether exchange `name` exists.
 async fn exchange_exists(conn: &Connection, name: &str) -> bool {
     let ch = conn.create_channel().await.unwrap();
