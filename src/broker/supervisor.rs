@@ -250,14 +250,48 @@ async fn connect_from(amqp: &AmqpConfig, name: &str, first: usize) -> ladder_amq
 
 /// Declares the whole topology of `config` once (what `ladder apply` does), records it in the
 /// namespace's topology stream, and logs its drift.
+///
+/// A declaration the broker fails for a passing reason (a 541 such as a quorum queue's
+/// `cluster_not_formed` on a loaded node, or the connection lost mid-way) is tried again on a
+/// new connection, for at most [`APPLY_RETRY_FOR`]: declaring is idempotent. A conflict, a
+/// refused login or an unreachable broker fail at once.
 pub async fn apply(config: &Config) -> Result<(), ApplyError> {
-    let connection = connect(&config.amqp).await?;
-    let result = declare(&connection, config).await;
-    if let Ok(older) = &result {
-        look_at_drift(&connection, config, &State::default(), older.clone()).await;
+    let deadline = tokio::time::Instant::now() + APPLY_RETRY_FOR;
+    let mut pause = Duration::from_millis(500);
+    loop {
+        let connection = connect(&config.amqp).await?;
+        let result = declare(&connection, config).await;
+        if let Ok(older) = &result {
+            look_at_drift(&connection, config, &State::default(), older.clone()).await;
+        }
+        close(&connection).await;
+        match result {
+            Err(TopologyError::Broker { declaration, source })
+                if passing(&source) && tokio::time::Instant::now() + pause < deadline =>
+            {
+                warn!(%declaration, error = %source, retry_in = ?pause, "declaring failed for a passing reason; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+            result => return result.map(|_| ()).map_err(ApplyError::from),
+        }
     }
-    close(&connection).await;
-    result.map(|_| ()).map_err(ApplyError::from)
+}
+
+/// How long `apply` keeps trying a declaration the broker failed for a passing reason.
+pub const APPLY_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// True for a declaring error that a new attempt may not meet: the broker's 541
+/// INTERNAL_ERROR (a quorum queue whose Raft cluster did not form in time) or a connection lost
+/// on the way. Refusals (403, 406, 530 …) are not passing.
+fn passing(error: &ladder_amqp::Error) -> bool {
+    match error {
+        ladder_amqp::Error::ConnectionClosed(reason) | ladder_amqp::Error::ChannelClosed(reason) => reason.code == 541,
+        ladder_amqp::Error::Io(_) | ladder_amqp::Error::ConnectionGone | ladder_amqp::Error::HeartbeatTimeout(_) => {
+            true
+        }
+        _ => false,
+    }
 }
 
 /// How long recording the topology and reading the retired objects may take after declaring.
