@@ -983,6 +983,9 @@ fn check_namespace(namespace: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Ladder names taken by the namespace's own exchanges (`N.due`, `N.stray`).
+pub const RESERVED_LADDER_NAMES: [&str; 2] = ["due", "stray"];
+
 fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -> Result<LadderSpec, ConfigError> {
     let err = |key: &str, problem: String| ConfigError::new(file, key, problem);
     let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
@@ -990,6 +993,15 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         return Err(err(
             "-",
             format!("ladder name {name:?} (the file stem) may use only letters, digits, '-' and '_'"),
+        ));
+    }
+    if RESERVED_LADDER_NAMES.contains(&name.as_str()) {
+        return Err(err(
+            "-",
+            format!(
+                "ladder name {name:?} (the file stem) is the name of an exchange every ladder of the namespace \
+                 shares ({namespace}.{name}); rename the file"
+            ),
         ));
     }
     if raw.backoff.is_empty() {
@@ -1089,7 +1101,7 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
     if let Some(auto) = raw.auto_hold {
         spec.auto_hold = validate_auto_hold(auto, &err)?;
     }
-    let longest = crate::model::names::Names::new(namespace, &spec.name).longest_name(&spec);
+    let longest = crate::model::names::Names::of(namespace, &spec).longest_name(&spec);
     if longest.len() > MAX_NAME_BYTES {
         return Err(err(
             "-",
@@ -1762,6 +1774,11 @@ mod tests {
     fn bad_ladder_file_name_is_rejected() {
         let e = Fixture::new("", &[("has.dot", GOOD_LADDER)]).load(&[]).unwrap_err();
         assert!(e.problem.contains("ladder name"), "{e}");
+        // the namespace's own exchanges take these names
+        for taken in RESERVED_LADDER_NAMES {
+            let e = Fixture::new("", &[(taken, GOOD_LADDER)]).load(&[]).unwrap_err();
+            assert!(e.problem.contains("shares"), "{e}");
+        }
     }
 
     #[test]

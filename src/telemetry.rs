@@ -86,10 +86,13 @@ impl Telemetry {
                 // delivery; this one began when it failed
                 Some(failure) => Some(Wait {
                     queue: failure.queue.clone().unwrap_or_else(|| names.due.clone()),
+                    // N.delay.<tier>[.<family>]
                     tier: failure
                         .queue
                         .as_deref()
-                        .and_then(|q| q.rsplit('.').next())
+                        .and_then(|q| q.strip_prefix(&names.prefix))
+                        .and_then(|q| q.strip_prefix("delay."))
+                        .and_then(|q| q.split('.').next())
                         .unwrap_or("")
                         .to_string(),
                     entered: now_ms.saturating_sub(failure.waited_ms),
@@ -141,7 +144,7 @@ fn scheduled_wait(names: &Names, h: &FieldTable) -> Option<Wait> {
     let due_at = as_u64(h.get(header::RETRY_DUE_AT)?)?;
     let delay = humantime::parse_duration(tier).ok()?;
     Some(Wait {
-        queue: format!("{}.delay.{tier}", names.intake_exchange),
+        queue: names.tier_queue_named(tier),
         tier: tier.to_string(),
         entered: due_at.saturating_sub(delay.as_millis() as u64),
         due_at,

@@ -555,7 +555,7 @@ impl Rig {
     }
 
     fn tier_queue(&self) -> String {
-        format!("{}.delay.200ms", self.names.intake_exchange)
+        self.names.tier_queue_named("200ms")
     }
 }
 

@@ -18,8 +18,9 @@ use common::*;
 use ladder::broker::topology::Names;
 use ladder_amqp::{BasicProperties, FieldTable};
 
-/// The previous release: the last commit that landed before the one-hop topology.
-const PREVIOUS: &str = "903c5df";
+/// The previous release: the last commit that landed before the namespace's ladders shared
+/// their tier queues (each ladder declared its own `N.L.delay.<tier>`).
+const PREVIOUS: &str = "5b906a5";
 
 const LADDER: &str = r#"
 backoff = ["1s", "2s"]
@@ -175,8 +176,14 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
     let orders = format!("{ns}-orders");
     let held = format!("{ns}-held");
     queues.extend([orders.clone(), held.clone(), names.held_queue(&held)]);
-    // what the previous release declared beyond this one's plan
+    // what the previous release declared beyond this one's plan: the ladder's own tiers
     exchanges.extend([names.intake_exchange.clone()]);
+    queues.extend(
+        config.ladders[0]
+            .tiers
+            .iter()
+            .map(|tier| names.own_tier_queue_named(&tier.name)),
+    );
     let _cleanup = Cleanup(queues, exchanges);
 
     let conn = connect().await;

@@ -320,7 +320,7 @@ impl Desk {
     /// The stream of `ladder`.
     pub fn stream(&self, ladder: &str) -> Result<String, ParkingError> {
         let lot = self.lot(ladder)?;
-        Ok(crate::model::names::Names::new(&self.config.namespace, &lot.spec.name).parked)
+        Ok(crate::model::names::Names::of(&self.config.namespace, &lot.spec).parked)
     }
 
     /// Cancels the scheduled delivery (or retry) with `message_id` in `ladder`, for every replica:
@@ -332,7 +332,7 @@ impl Desk {
                 "ladder {ladder} has exact_delays = false: it schedules nothing to cancel"
             )));
         }
-        let names = crate::model::names::Names::new(&self.config.namespace, &lot.spec.name);
+        let names = crate::model::names::Names::of(&self.config.namespace, &lot.spec);
         let connection = self.connection().await?;
         Ok(crate::broker::cancels::cancel(&connection, &names, message_id, by).await?)
     }
@@ -381,7 +381,7 @@ impl Desk {
         let lot = self.lot(ladder).map_err(|e| HoldError::UnknownLadder(e.to_string()))?;
         Ok((
             lot.spec.clone(),
-            crate::model::names::Names::new(&self.config.namespace, &lot.spec.name),
+            crate::model::names::Names::of(&self.config.namespace, &lot.spec),
         ))
     }
 

@@ -23,7 +23,7 @@
 //! and due queues, so with several replicas running the check is off and the identity must be
 //! summed across replicas in Prometheus (README, "Metrics and health").
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -130,7 +130,7 @@ pub async fn run(
         .ladders
         .iter()
         .map(|spec| Tracked {
-            queues: Names::new(&config.namespace, &spec.name).queues(spec),
+            queues: Names::of(&config.namespace, spec).queues(spec),
             metrics: state.metrics.ladder(spec),
             spec: spec.clone(),
             ledger: Ledger::default(),
@@ -203,52 +203,76 @@ async fn poll(
     let at_ms = now_ms();
     let session_after = state.metrics.reconnects.get();
 
+    // the ladders of a namespace share their tier queues, whose depth cannot be split by ladder:
+    // with more than one, each ladder's ledger checks them all together, every queue counted once
+    let mut observed: Vec<Option<Observation>> = Vec::with_capacity(ladders.len());
+    let mut waiting_in: BTreeMap<String, u64> = BTreeMap::new();
+    let afters: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
+    for (i, ladder) in ladders.iter_mut().enumerate() {
+        let after = afters[i];
+        let read = if readable { reads.get(i) } else { None };
+        let Some(read) = read else {
+            observed.push(None);
+            continue;
+        };
+        for (role, messages) in &read.depths {
+            match messages {
+                Some(messages) => state.metrics.set_queue_messages(&ladder.spec.name, role, *messages),
+                None => state.metrics.clear_queue_messages(&ladder.spec.name, role),
+            }
+            if is_waiting_role(role) {
+                // a tier by its queue (shared), anything else as this ladder's own
+                let queue = ladder.queues.iter().find(|(r, _)| r == role).map(|(_, q)| q.clone());
+                let key = match queue {
+                    Some(queue) if role.starts_with("delay.") => queue,
+                    _ => format!("{}\u{0}{role}", ladder.spec.name),
+                };
+                waiting_in.insert(key, messages.unwrap_or(0));
+            }
+        }
+        let waiting = read
+            .depths
+            .iter()
+            .filter(|(role, _)| is_waiting_role(role))
+            .map(|(_, messages)| messages.unwrap_or(0))
+            .sum();
+        let complete = read.depths.iter().all(|(_, messages)| messages.is_some());
+        let shared = read.consumers.is_some_and(|(intake, due)| intake > 1 || due > 1);
+        let checkable =
+            ready && state.health.is_ready() && complete && session == session_after && read.consumers == Some((1, 1));
+        observed.push(Some(Observation {
+            before: before[i],
+            after,
+            waiting,
+            checkable,
+            shared,
+            // what went unconfirmed or unacked then may turn up late, or counted twice
+            disrupted: ladder.unread || !checkable || ladder.session != session_after,
+        }));
+        ladder.unread = false;
+        ladder.session = session_after;
+        if shared != ladder.shared {
+            ladder.shared = shared;
+            if shared {
+                info!(
+                    ladder = %ladder.spec.name,
+                    "other consumers share the intake or due queue (replicas?); the accounting check \
+                     is per process, so it is off while they do"
+                );
+            }
+        }
+    }
+    let together = (ladders.len() > 1)
+        .then(|| observed.iter().copied().collect::<Option<Vec<Observation>>>())
+        .flatten()
+        .map(|all| Observation::together(&all, waiting_in.values().sum()));
+
     let mut entries = Vec::with_capacity(ladders.len());
     for (i, ladder) in ladders.iter_mut().enumerate() {
-        let after = counters(&ladder.metrics);
+        let after = afters[i];
         let read = if readable { reads.get(i) } else { None };
-        if let Some(read) = read {
-            for (role, messages) in &read.depths {
-                match messages {
-                    Some(messages) => state.metrics.set_queue_messages(&ladder.spec.name, role, *messages),
-                    None => state.metrics.clear_queue_messages(&ladder.spec.name, role),
-                }
-            }
-            let waiting = read
-                .depths
-                .iter()
-                .filter(|(role, _)| is_waiting_role(role))
-                .map(|(_, messages)| messages.unwrap_or(0))
-                .sum();
-            let complete = read.depths.iter().all(|(_, messages)| messages.is_some());
-            let shared = read.consumers.is_some_and(|(intake, due)| intake > 1 || due > 1);
-            let checkable = ready
-                && state.health.is_ready()
-                && complete
-                && session == session_after
-                && read.consumers == Some((1, 1));
-            let observation = Observation {
-                before: before[i],
-                after,
-                waiting,
-                checkable,
-                shared,
-                // what went unconfirmed or unacked then may turn up late, or counted twice
-                disrupted: ladder.unread || !checkable || ladder.session != session_after,
-            };
-            ladder.unread = false;
-            ladder.session = session_after;
-            if shared != ladder.shared {
-                ladder.shared = shared;
-                if shared {
-                    info!(
-                        ladder = %ladder.spec.name,
-                        "other consumers share the intake or due queue (replicas?); the accounting check \
-                         is per process, so it is off while they do"
-                    );
-                }
-            }
-            let verdict = ladder.ledger.observe(&observation, ACCOUNTING_RULES);
+        if let Some(observation) = together.as_ref().or(observed[i].as_ref()) {
+            let verdict = ladder.ledger.observe(observation, ACCOUNTING_RULES);
             report(ladder, verdict, state);
         }
         if !readable {

@@ -253,9 +253,9 @@ mod tests {
         assert_eq!(
             steps,
             [
-                &serde_json::json!({"name": "1s", "delay_ms": 1000, "queue": "ns.orders.delay.1s", "step": true,
+                &serde_json::json!({"name": "1s", "delay_ms": 1000, "queue": "ns.delay.1s", "step": true,
                     "next_leave_at_ms": null, "put_in_waiting": null}),
-                &serde_json::json!({"name": "10s", "delay_ms": 10000, "queue": "ns.orders.delay.10s", "step": true,
+                &serde_json::json!({"name": "10s", "delay_ms": 10000, "queue": "ns.delay.10s", "step": true,
                     "next_leave_at_ms": null, "put_in_waiting": null}),
             ]
         );
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(l["queue_type"], "quorum");
         assert_eq!(l["dead_letter_strategy"], "at-least-once");
         assert_eq!(l["queues"]["intake"], "ns.orders.intake");
-        assert_eq!(l["queues"]["delay.10s"], "ns.orders.delay.10s");
+        assert_eq!(l["queues"]["delay.10s"], "ns.delay.10s");
         assert!(l["depths"].is_null() && l["rates"].is_null() && l["accounting"].is_null());
         // no senders listed: neither key, rather than an empty grant list that reads as "nobody"
         assert!(l.get("senders").is_none() && l.get("unidentified").is_none(), "{l}");

@@ -119,7 +119,7 @@ impl LaddersView {
             .ladders
             .iter()
             .map(|spec| {
-                let names = Names::new(&config.namespace, &spec.name);
+                let names = Names::of(&config.namespace, spec);
                 let polled = snapshot.and_then(|s| s.ladder(&spec.name));
                 LadderView {
                     name: spec.name.clone(),

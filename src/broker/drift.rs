@@ -89,7 +89,15 @@ pub async fn record(
     version: topology::BrokerVersion,
 ) -> Result<Registry, DriftError> {
     let mut registry = read(connection, &config.namespace).await?;
-    let planned = crate::model::drift::planned(&config.namespace, &config.ladders, version);
+    let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version);
+    // the tiers a ladder declared itself before tiers were shared, where they still exist:
+    // recorded, so they show as retired until `ladder prune` removes them
+    let unknown: Vec<Known> = crate::model::drift::own_tiers(&config.namespace, &config.ladders)
+        .into_iter()
+        .filter(|k| !registry.knows(k))
+        .collect();
+    let seen = observe(connection, &unknown).await?;
+    planned.extend(unknown.into_iter().zip(seen).filter(|(_, o)| o.exists).map(|(k, _)| k));
     let by = format!("{} {}", config.amqp.connection_name, env!("CARGO_PKG_VERSION"));
     if let Some(record) = registry.declaring(&planned, crate::clock::now_ms(), &by) {
         append(
@@ -366,9 +374,24 @@ pub async fn prune(
             }
             PruneStep::Delete(r) => r,
         };
-        let names = Names::new(&config.namespace, &r.ladder);
         let inflows = match (r.ladder_retired, r.role.strip_prefix("delay.")) {
-            (false, Some(tier)) => crate::model::plan::tier_inflows(&names, &r.ladder, tier),
+            // a ladder's own tier, from before tiers were shared
+            (false, Some(tier)) if !r.ladder.is_empty() => {
+                let names = Names::new(&config.namespace, &r.ladder);
+                crate::model::plan::tier_inflows(&names, &r.ladder, tier, &r.name)
+            }
+            // a shared tier no ladder uses now: whichever served ladder may still route into it
+            (false, Some(tier)) => {
+                let tier = tier.split('.').next().unwrap_or(tier);
+                config
+                    .ladders
+                    .iter()
+                    .flat_map(|spec| {
+                        let names = Names::of(&config.namespace, spec);
+                        crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name)
+                    })
+                    .collect()
+            }
             _ => Vec::new(),
         };
         let channel = bounded("opening a channel", connection.create_channel()).await?;
@@ -459,7 +482,9 @@ fn not_found(error: &ladder_amqp::Error) -> bool {
 
 /// A retired object's line, for the log and the terminal.
 pub fn describe(r: &Retired) -> String {
-    let what = if r.ladder_retired {
+    let what = if r.ladder.is_empty() {
+        "shared by the namespace's ladders".to_string()
+    } else if r.ladder_retired {
         format!("ladder {} (retired)", r.ladder)
     } else {
         format!("ladder {}", r.ladder)

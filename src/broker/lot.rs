@@ -406,7 +406,7 @@ impl<'a> ParkingLot<'a> {
             connection,
             amqp,
             spec,
-            names: Names::new(namespace, &spec.name),
+            names: Names::of(namespace, spec),
         }
     }
 

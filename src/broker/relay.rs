@@ -237,6 +237,21 @@ pub async fn serve(
     grace: Duration,
     subscribed: Option<Subscribed>,
 ) -> Result<Drained, RelayError> {
+    serve_on(hop, None, ladder, connection, shutdown, grace, subscribed).await
+}
+
+/// [`serve`], consuming `queue` instead of the hop's own queue when given: the first ladder's
+/// due hop also takes what a shared tier dead-lettered for no ladder the namespace serves
+/// (`N.stray`), with that ladder's checks — no header, and no ladder name, skips a check.
+pub async fn serve_on(
+    hop: Hop,
+    queue: Option<&str>,
+    ladder: Arc<LadderRuntime>,
+    connection: &Connection,
+    shutdown: CancellationToken,
+    grace: Duration,
+    subscribed: Option<Subscribed>,
+) -> Result<Drained, RelayError> {
     let broker = |source| RelayError::Broker {
         hop,
         ladder: ladder.spec.name.clone(),
@@ -256,7 +271,7 @@ pub async fn serve(
             channel.skip_header_keys(ladder_amqp::DEAD_LETTER_HEADERS);
         }
     }
-    let queue = ladder.queue(hop);
+    let queue = queue.unwrap_or(ladder.queue(hop));
     let mut consumer = channel
         .basic_consume(queue, "", false, FieldTable::new())
         .await

@@ -402,7 +402,7 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
         .map(|spec| {
             Arc::new(LadderRuntime::new(
                 spec.clone(),
-                Names::new(&config.namespace, &spec.name),
+                Names::of(&config.namespace, spec),
                 config.limits,
                 state.metrics.ladder(spec),
                 state.telemetry.clone(),
@@ -592,6 +592,27 @@ async fn session(
             subscriptions.push(is_subscribed);
             workers.spawn(async move { relay::serve(hop, ladder, &connection, stop, grace, Some(subscribed)).await });
         }
+    }
+    // what a shared tier dead-lettered for no ladder served here: the first ladder's due hop
+    // checks it as its own (and parks what has no destination or is not allowed)
+    if let Some(first) = ladders.first() {
+        let (ladder, connection, stop) = (first.clone(), connection.clone(), shutdown.clone());
+        let grace = config.shutdown_grace;
+        let (subscribed, is_subscribed) = tokio::sync::oneshot::channel();
+        subscriptions.push(is_subscribed);
+        workers.spawn(async move {
+            let stray = ladder.names.stray.clone();
+            relay::serve_on(
+                Hop::Due,
+                Some(&stray),
+                ladder,
+                &connection,
+                stop,
+                grace,
+                Some(subscribed),
+            )
+            .await
+        });
     }
     // ready once every consumer runs; a loop that fails first ends the session below
     let all_subscribed = async {

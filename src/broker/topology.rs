@@ -93,6 +93,12 @@ pub async fn apply(connection: &Connection, declarations: &[Declaration]) -> Res
         let Err(source) = declare(&channel, declaration, None).await else {
             continue;
         };
+        if matches!(declaration, Declaration::Unbinding { .. }) && not_found(&source) {
+            // the binding's queue is gone, or never was (a tier declared by an older Ladder):
+            // nothing to remove; the 404 closed the channel
+            channel = connection.create_channel().await.map_err(|e| broker(declaration, e))?;
+            continue;
+        }
         let Some(detail) = precondition_detail(&source) else {
             return Err(broker(declaration, source));
         };
@@ -157,9 +163,12 @@ async fn declare(
             args,
             to_exchange: true,
         } => channel.exchange_bind(queue, exchange, key, table(args)).await,
-        Declaration::Unbinding { exchange, queue, key } => {
-            channel.queue_unbind(queue, exchange, key, FieldTable::new()).await
-        }
+        Declaration::Unbinding {
+            exchange,
+            queue,
+            key,
+            args,
+        } => channel.queue_unbind(queue, exchange, key, table(args)).await,
     }
 }
 
@@ -176,6 +185,11 @@ pub(crate) fn table(args: &[(&'static str, ArgValue)]) -> FieldTable {
         table.set(key, value);
     }
     table
+}
+
+/// Whether `error` is the broker's 404 NOT_FOUND channel close.
+pub(crate) fn not_found(error: &ladder_amqp::Error) -> bool {
+    matches!(error, ladder_amqp::Error::ChannelClosed(reason) if reason.code == 404)
 }
 
 /// The broker's text if `error` is a 406 PRECONDITION_FAILED channel close.

@@ -51,7 +51,7 @@ pub async fn demo(config: &Config, args: DemoArgs) -> ExitCode {
         (None, [only]) => only,
         (None, _) => return fail(exit::CONFIG, "the config has several ladders; choose one with --ladder"),
     };
-    let names = Names::new(&config.namespace, &spec.name);
+    let names = Names::of(&config.namespace, spec);
     if let Some(why) = protocol::refuse_destination(spec, &names, &args.to) {
         let allow: Vec<&str> = spec.allow.patterns().iter().map(String::as_str).collect();
         return fail(

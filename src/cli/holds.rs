@@ -67,7 +67,7 @@ fn time(ms: u64) -> String {
 
 pub async fn hold(config: &Config, args: HoldArgs) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
-    let names = Names::new(&config.namespace, &spec.name);
+    let names = Names::of(&config.namespace, spec);
     let connection = broker::supervisor::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;
@@ -91,7 +91,7 @@ pub async fn resume(config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCod
         .as_deref()
         .map(|r| r.parse::<Rate>().map_err(|e| ParkingError::Invalid(e.0)))
         .transpose()?;
-    let names = Names::new(&config.namespace, &spec.name);
+    let names = Names::of(&config.namespace, spec);
     let connection = broker::supervisor::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;
@@ -116,7 +116,7 @@ pub async fn resume(config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCod
 
 pub async fn holds(config: &Config, args: HoldsArgs) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
-    let names = Names::new(&config.namespace, &spec.name);
+    let names = Names::of(&config.namespace, spec);
     let connection = broker::supervisor::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;

@@ -259,7 +259,7 @@ impl ParkedCommand {
 /// say which on stderr, run the command there.
 pub async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, String>) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
-    let stream = ladder::model::names::Names::new(&config.namespace, &spec.name).parked;
+    let stream = ladder::model::names::Names::of(&config.namespace, spec).parked;
     let token = args.token.as_deref().map(str::trim).filter(|t| !t.is_empty());
     let why_not = if args.stream {
         "--stream".to_string()

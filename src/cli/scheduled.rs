@@ -46,7 +46,7 @@ pub async fn scheduled(config: &Config, args: ScheduledArgs) -> anyhow::Result<E
     let by = by
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "cli".into());
-    let names = Names::new(&config.namespace, &spec.name);
+    let names = Names::of(&config.namespace, spec);
     let connection = broker::supervisor::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;

@@ -104,6 +104,24 @@ impl Counters {
     fn idle(&self) -> bool {
         self.in_flight_intake == 0 && self.in_flight_due == 0 && self.in_flight_quarantine == 0
     }
+
+    /// Both ladders' counts together: the ladders of a namespace share their tiers, so their
+    /// identity holds for them together (see [`Observation::together`]).
+    pub fn plus(&self, o: &Counters) -> Counters {
+        Counters {
+            entered: self.entered + o.entered,
+            received_intake: self.received_intake + o.received_intake,
+            refused_intake: self.refused_intake + o.refused_intake,
+            received_due: self.received_due + o.received_due,
+            refused_due: self.refused_due + o.refused_due,
+            scheduled: self.scheduled + o.scheduled,
+            delivered: self.delivered + o.delivered,
+            parked: self.parked + o.parked,
+            in_flight_intake: self.in_flight_intake + o.in_flight_intake,
+            in_flight_due: self.in_flight_due + o.in_flight_due,
+            in_flight_quarantine: self.in_flight_quarantine + o.in_flight_quarantine,
+        }
+    }
 }
 
 /// One poll of one ladder.
@@ -123,6 +141,32 @@ pub struct Observation {
     /// Since the previous poll the service lost its session, a poll could not read the broker,
     /// or the service was not ready: what a shortfall is judged next is in doubt, not lost.
     pub disrupted: bool,
+}
+
+impl Observation {
+    /// The observation of several ladders as one system: counters summed, `waiting` the ready
+    /// messages of every queue they use, each counted once (the caller's sum: a tier two ladders
+    /// share must not count twice); checkable only if every one is, shared or disrupted if any
+    /// is. A namespace's ladders share their tier queues, whose depth cannot be split by ladder,
+    /// so with more than one ladder this is what is checked.
+    pub fn together(ladders: &[Observation], waiting: u64) -> Observation {
+        let mut out = Observation {
+            before: Counters::default(),
+            after: Counters::default(),
+            waiting,
+            checkable: true,
+            shared: false,
+            disrupted: false,
+        };
+        for o in ladders {
+            out.before = out.before.plus(&o.before);
+            out.after = out.after.plus(&o.after);
+            out.checkable &= o.checkable;
+            out.shared |= o.shared;
+            out.disrupted |= o.disrupted;
+        }
+        out
+    }
 }
 
 /// When a discrepancy is reported.

@@ -135,6 +135,11 @@ impl Registry {
         }
     }
 
+    /// Whether it knows `object` (by kind and name).
+    pub fn knows(&self, object: &Known) -> bool {
+        self.known.contains_key(&(object.kind, object.name.clone()))
+    }
+
     /// Every object it knows of, by name.
     pub fn known(&self) -> impl Iterator<Item = &Known> {
         self.known.values()
@@ -175,19 +180,27 @@ impl Registry {
 /// Every queue and exchange the plan of `ladders` declares in `namespace`, as the topology
 /// stream records them.
 pub fn planned(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Known> {
-    let mut out = vec![Known {
-        name: Names::topology(namespace),
-        kind: Kind::Queue,
-        ladder: String::new(),
-        role: "topology".into(),
-        ttl_ms: None,
-        stream: true,
-    }];
-    for spec in ladders {
-        let names = Names::new(namespace, &spec.name);
+    // the namespace's own objects (ladder ""): their role is their name after `N.`
+    let shared = (
+        String::new(),
+        format!("{namespace}."),
+        "",
+        plan::plan_shared(namespace, ladders, version),
+    );
+    let own = ladders.iter().map(|spec| {
+        let names = Names::of(namespace, spec);
         let base = format!("{}.", names.intake_exchange);
-        let role = |name: &str| name.strip_prefix(&base).unwrap_or(ENTRY_ROLE).to_string();
-        for declaration in plan::plan_ladder(&names, spec, version) {
+        (
+            spec.name.clone(),
+            base,
+            ENTRY_ROLE,
+            plan::plan_ladder(&names, spec, version),
+        )
+    });
+    let mut out = Vec::new();
+    for (ladder, base, bare, declarations) in std::iter::once(shared).chain(own) {
+        let role = |name: &str| name.strip_prefix(&base).unwrap_or(bare).to_string();
+        for declaration in declarations {
             match declaration {
                 Declaration::Queue { name, args, .. } => {
                     let ttl_ms = args.iter().find_map(|(key, value)| match (key, value) {
@@ -199,7 +212,7 @@ pub fn planned(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) 
                         role: role(&name),
                         name,
                         kind: Kind::Queue,
-                        ladder: spec.name.clone(),
+                        ladder: ladder.clone(),
                         ttl_ms,
                         stream,
                     });
@@ -208,7 +221,7 @@ pub fn planned(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) 
                     role: role(&name),
                     name,
                     kind: Kind::Exchange,
-                    ladder: spec.name.clone(),
+                    ladder: ladder.clone(),
                     ttl_ms: None,
                     stream: false,
                 }),
@@ -220,6 +233,27 @@ pub fn planned(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) 
     let mut seen = BTreeSet::new();
     out.retain(|k| seen.insert((k.name.clone(), k.kind)));
     out
+}
+
+/// The tier queues each of `ladders` declared for itself before tiers were shared
+/// (`N.L.delay.<tier>`, see [`Names::own_tier_queue_named`]), as the topology stream records
+/// them. A release before the stream did not record them: the caller adds those that exist, so
+/// they show as retired and `ladder prune` removes them once they drain.
+pub fn own_tiers(namespace: &str, ladders: &[LadderSpec]) -> Vec<Known> {
+    ladders
+        .iter()
+        .flat_map(|spec| {
+            let names = Names::new(namespace, &spec.name);
+            spec.tiers.iter().map(move |tier| Known {
+                name: names.own_tier_queue_named(&tier.name),
+                kind: Kind::Queue,
+                ladder: spec.name.clone(),
+                role: format!("delay.{}", tier.name),
+                ttl_ms: Some(tier.ttl_ms()),
+                stream: false,
+            })
+        })
+        .collect()
 }
 
 /// What the broker says of one object: whether it exists, and a queue's messages and consumers
@@ -307,6 +341,11 @@ fn note(k: &Known, o: &Observed, ladder_retired: bool) -> String {
         (Kind::Queue, _) if o.consumers > 0 => format!(
             "{} consumer(s) read it: a replica with an older config still serves it",
             o.consumers
+        ),
+        (Kind::Queue, false) if o.messages > 0 && ladder.is_empty() => format!(
+            "{} message(s) wait in this retired tier and come due through N.due to their own ladders, \
+             all within its TTL; ladder prune removes it once it is empty",
+            o.messages
         ),
         (Kind::Queue, false) if o.messages > 0 => format!(
             "{} message(s) wait in this retired tier and come due through {ladder}'s due hop, \
@@ -431,16 +470,20 @@ mod tests {
         registry.apply(&registry.declaring(&second, 3, "b").expect("new tiers are recorded"));
         let retired = registry.retired("ns", &second);
         let names: Vec<&str> = retired.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["ns.t.delay.6s"], "only the old tier is retired: {names:?}");
+        assert_eq!(names, ["ns.delay.6s"], "only the old tier is retired: {names:?}");
         assert_eq!(retired[0].ttl_ms, Some(6_000));
         assert_eq!(retired[0].tier(), Some("6s"));
+        assert_eq!(
+            retired[0].ladder, "",
+            "a tier is the namespace's, shared by its ladders"
+        );
         // another namespace's objects are never this namespace's retired ones
         assert!(registry.retired("other", &[]).is_empty());
         // a pruned object is forgotten
         registry.apply(&TopologyRecord::Pruned {
             at_ms: 4,
             by: "p".into(),
-            objects: vec![(Kind::Queue, "ns.t.delay.6s".into())],
+            objects: vec![(Kind::Queue, "ns.delay.6s".into())],
         });
         assert!(registry.retired("ns", &second).is_empty());
     }
@@ -460,6 +503,8 @@ mod tests {
         assert!(fresh.known().any(|k| k.name == "ns.a.intake"));
         assert!(fresh.known().any(|k| k.name == "ns.b.intake"));
         let retired = fresh.retired("ns", &b);
+        // ladder b uses the 1 s tier too: it stays, shared
+        assert!(!retired.iter().any(|k| k.name == "ns.delay.1s"), "{retired:?}");
         assert!(retired.iter().all(|k| k.ladder == "a"), "{retired:?}");
         assert!(retired.iter().any(|k| k.role == ENTRY_ROLE && k.name == "ns.a"));
         assert!(
@@ -497,7 +542,7 @@ mod tests {
         let obs: Vec<Observed> = retired
             .iter()
             .map(|k| {
-                if k.name == "ns.t.delay.6s" {
+                if k.name == "ns.delay.6s" {
                     observed(3, 0)
                 } else {
                     observed(0, 0)
@@ -505,7 +550,7 @@ mod tests {
             })
             .collect();
         let report = report(&retired, &obs, &live, 1_000);
-        let six = report.iter().find(|r| r.name == "ns.t.delay.6s").unwrap();
+        let six = report.iter().find(|r| r.name == "ns.delay.6s").unwrap();
         assert_eq!(six.last_due_by_ms, Some(7_000));
         assert!(!six.ladder_retired);
         assert!(six.note.contains("3 message(s)"), "{}", six.note);
@@ -517,7 +562,13 @@ mod tests {
                 PruneStep::Delete(_) => None,
             })
             .collect();
-        assert_eq!(kept, ["ns.gone.parked", "ns.t.delay.6s"], "{steps:?}");
+        // the 1 s tier only `gone` used is retired with it, and empty: it goes
+        assert_eq!(kept, ["ns.delay.6s", "ns.gone.parked"], "{steps:?}");
+        assert!(
+            steps
+                .iter()
+                .any(|s| matches!(s, PruneStep::Delete(r) if r.name == "ns.delay.1s" && r.ladder.is_empty()))
+        );
         // gone's exchanges go after its queues, its way in first
         let deleted: Vec<&str> = steps
             .iter()

@@ -3,13 +3,25 @@
 
 use std::fmt;
 
-use crate::model::ladder::{LadderSpec, Tier};
+use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 
 /// The names of one ladder's exchanges and queues, for namespace `N` and ladder `L`.
 #[derive(Debug, Clone)]
 pub struct Names {
     /// `N.` — every name of the namespace starts with this.
     pub prefix: String,
+    /// `N.due`: the headers exchange every shared tier queue dead-letters into; it routes a
+    /// message by its `retry-ladder` to that ladder's `N.L.due` queue, and the rest to
+    /// `N.stray`. Shared by every ladder of the namespace.
+    pub shared_due: String,
+    /// `N.stray`: the fanout exchange and the quorum queue of what a shared tier dead-lettered
+    /// for no ladder the namespace serves (a retired ladder, or a message put straight into a
+    /// tier): a quarantine, kept for the operator.
+    pub stray: String,
+    /// What this ladder's tier queues' names end in: empty for quorum tiers that dead-letter
+    /// at-least-once (the default), `.at-most-once` or `.classic` otherwise; ladders share a
+    /// tier queue only when its arguments are the same.
+    pub tier_family: &'static str,
     /// `N.L`: the fanout exchange consumers publish or dead-letter their failures to; bound to
     /// `N.L.next`.
     pub intake_exchange: String,
@@ -43,6 +55,9 @@ impl Names {
         let base = format!("{namespace}.{ladder}");
         Names {
             prefix: format!("{namespace}."),
+            shared_due: format!("{namespace}.due"),
+            stray: format!("{namespace}.stray"),
+            tier_family: "",
             intake_queue: format!("{base}.intake"),
             next_exchange: format!("{base}.next"),
             first_exchange: format!("{base}.first"),
@@ -54,6 +69,15 @@ impl Names {
             cancels: format!("{base}.cancels"),
             holds: format!("{base}.holds"),
             intake_exchange: base,
+        }
+    }
+
+    /// Names for ladder `spec` in namespace `namespace`, its tier queues named for its queue
+    /// type and dead-letter strategy.
+    pub fn of(namespace: &str, spec: &LadderSpec) -> Self {
+        Names {
+            tier_family: tier_family(spec.queue_type, spec.dead_letter_strategy),
+            ..Names::new(namespace, &spec.name)
         }
     }
 
@@ -82,13 +106,22 @@ impl Names {
         format!("{namespace}.topology")
     }
 
-    /// `N.L.delay.<tier>`.
+    /// `N.delay.<tier>` (with the ladder's [`tier_family`](Names::tier_family)): the queue
+    /// where messages wait `tier`, shared by every ladder of the namespace with the same queue
+    /// type and dead-letter strategy.
     pub fn tier_queue(&self, tier: &Tier) -> String {
         self.tier_queue_named(&tier.name)
     }
 
-    /// `N.L.delay.<name>`, for a tier known by its name only.
+    /// `N.delay.<name>`, for a tier known by its name only.
     pub fn tier_queue_named(&self, name: &str) -> String {
+        format!("{}delay.{name}{}", self.prefix, self.tier_family)
+    }
+
+    /// `N.L.delay.<name>`: where a tier of this ladder waited before tiers were shared (each
+    /// ladder declared its own). Kept by a deployment that upgraded until it drains; `ladder
+    /// prune` removes it then.
+    pub fn own_tier_queue_named(&self, name: &str) -> String {
         format!("{}.delay.{name}", self.intake_exchange)
     }
 
@@ -100,6 +133,7 @@ impl Names {
             ("due".to_string(), self.due.clone()),
             ("parked".to_string(), self.parked.clone()),
             ("quarantine".to_string(), self.quarantine.clone()),
+            ("stray".to_string(), self.stray.clone()),
         ];
         queues.extend(
             spec.tiers
@@ -114,6 +148,16 @@ impl Names {
         let mut names = vec![self.intake_queue.clone(), self.parked.clone()];
         names.extend(spec.tiers.iter().map(|t| self.tier_queue(t)));
         names.into_iter().max_by_key(String::len).unwrap_or_default()
+    }
+}
+
+/// What the tier queues of a ladder of `queue_type` and `strategy` end in (see
+/// [`Names::tier_family`]).
+pub fn tier_family(queue_type: QueueType, strategy: DeadLetterStrategy) -> &'static str {
+    match (queue_type, strategy) {
+        (QueueType::Quorum, DeadLetterStrategy::AtLeastOnce) => "",
+        (QueueType::Quorum, DeadLetterStrategy::AtMostOnce) => ".at-most-once",
+        (QueueType::Classic, _) => ".classic",
     }
 }
 
@@ -193,8 +237,15 @@ mod tests {
             ("ns.orders.next", "ns.orders.first")
         );
         let long = Tier::new(Duration::from_millis(5_400_000));
-        assert_eq!(n.tier_queue(&long), "ns.orders.delay.1h30m");
-        assert_eq!(n.tier_queue_named("1h30m"), "ns.orders.delay.1h30m");
+        // tiers are the namespace's, named for their arguments; before, each ladder had its own
+        assert_eq!(n.tier_queue(&long), "ns.delay.1h30m");
+        assert_eq!(n.tier_queue_named("1h30m"), "ns.delay.1h30m");
+        assert_eq!(n.own_tier_queue_named("1h30m"), "ns.orders.delay.1h30m");
+        assert_eq!((n.shared_due.as_str(), n.stray.as_str()), ("ns.due", "ns.stray"));
+        let amo = Names::of("ns", &spec(QueueType::Quorum, DeadLetterStrategy::AtMostOnce));
+        assert_eq!(amo.tier_queue(&long), "ns.delay.1h30m.at-most-once");
+        let classic = Names::of("ns", &spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce));
+        assert_eq!(classic.tier_queue(&long), "ns.delay.1h30m.classic");
         let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         let queues = n.queues(&s);
         let roles: Vec<(&str, &str)> = queues.iter().map(|(r, q)| (r.as_str(), q.as_str())).collect();
@@ -205,8 +256,9 @@ mod tests {
                 ("due", "ns.orders.due"),
                 ("parked", "ns.orders.parked"),
                 ("quarantine", "ns.orders.quarantine"),
-                ("delay.10s", "ns.orders.delay.10s"),
-                ("delay.1h", "ns.orders.delay.1h"),
+                ("stray", "ns.stray"),
+                ("delay.10s", "ns.delay.10s"),
+                ("delay.1h", "ns.delay.1h"),
             ]
         );
     }

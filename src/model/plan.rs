@@ -52,7 +52,8 @@ pub enum Declaration {
         to_exchange: bool,
     },
     /// A binding an earlier Ladder declared that this one removes: `exchange` to the queue
-    /// `queue` with `key` and no arguments. Removing one that does not exist is no error.
+    /// `queue` with `key` and `args`. Removing one that does not exist, or one whose queue
+    /// does not exist, is no error.
     Unbinding {
         /// Source exchange.
         exchange: String,
@@ -60,6 +61,8 @@ pub enum Declaration {
         queue: String,
         /// Routing key.
         key: String,
+        /// Binding arguments (a headers exchange's match).
+        args: Vec<(&'static str, ArgValue)>,
     },
 }
 
@@ -111,8 +114,14 @@ impl fmt::Display for Declaration {
                 write!(f, "binding  {exchange} -> {what}{queue} key={key:?}")?;
                 write_args(f, args)
             }
-            Declaration::Unbinding { exchange, queue, key } => {
-                write!(f, "unbind   {exchange} -> {queue} key={key:?}")
+            Declaration::Unbinding {
+                exchange,
+                queue,
+                key,
+                args,
+            } => {
+                write!(f, "unbind   {exchange} -> {queue} key={key:?}")?;
+                write_args(f, args)
             }
         }
     }
@@ -157,12 +166,62 @@ pub const DELIVERY_LIMIT: i64 = 100;
 /// Everything the service declares for `ladders` in `namespace` on a broker of `version`, in
 /// an order that declares before binding.
 pub fn plan(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Declaration> {
-    let mut out = vec![topology_stream(namespace)];
+    let mut out = plan_shared(namespace, ladders, version);
     out.extend(
         ladders
             .iter()
-            .flat_map(|spec| plan_ladder(&Names::new(namespace, &spec.name), spec, version)),
+            .flat_map(|spec| plan_ladder(&Names::of(namespace, spec), spec, version)),
     );
+    out
+}
+
+/// What the ladders of `namespace` share: its topology stream, the tier queues (one per delay
+/// and [`Names::tier_family`], however many ladders use it), `N.due` that routes what expires
+/// in them to its own ladder, and `N.stray` for what belongs to none.
+pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Declaration> {
+    let names = Names::new(namespace, "");
+    let mut stray_args = vec![("x-queue-type", ArgValue::Str("quorum".into()))];
+    if version.quorum_delivery_limit_by_default() {
+        stray_args.push(("x-delivery-limit", ArgValue::Int(-1)));
+    }
+    let mut out = vec![
+        topology_stream(namespace),
+        Declaration::Exchange {
+            name: names.stray.clone(),
+            kind: "fanout",
+            args: Vec::new(),
+        },
+        Declaration::Queue {
+            name: names.stray.clone(),
+            args: stray_args,
+            older: None,
+        },
+        Declaration::Binding {
+            exchange: names.stray.clone(),
+            queue: names.stray.clone(),
+            key: String::new(),
+            args: Vec::new(),
+            to_exchange: false,
+        },
+        Declaration::Exchange {
+            name: names.shared_due.clone(),
+            kind: "headers",
+            args: vec![("alternate-exchange", ArgValue::Str(names.stray.clone()))],
+        },
+    ];
+    for spec in ladders {
+        let names = Names::of(namespace, spec);
+        for tier in &spec.tiers {
+            let queue = Declaration::Queue {
+                name: names.tier_queue(tier),
+                args: tier_args(&names, spec, tier),
+                older: None,
+            };
+            if !out.contains(&queue) {
+                out.push(queue);
+            }
+        }
+    }
     out
 }
 
@@ -184,11 +243,12 @@ pub fn topology_stream(namespace: &str) -> Declaration {
 /// only when a plan adds something.
 pub const TOPOLOGY_MAX_BYTES: i64 = 8 * 1024 * 1024;
 
-/// The bindings that route into tier `tier` of ladder `spec` (by tier name from `N.L.tiers`, by
-/// `retry-next` from `N.L.next`): what `ladder prune` removes before it looks a last time whether
-/// a retired tier is empty and deletes it. Unbinding one that does not exist is no error.
-pub fn tier_inflows(names: &Names, ladder: &str, tier: &str) -> Vec<Declaration> {
-    let queue = names.tier_queue_named(tier);
+/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by tier
+/// name from `N.L.tiers`, by `retry-next` from `N.L.next`): what `ladder prune` removes before
+/// it looks a last time whether a retired tier is empty and deletes it. Unbinding one that does
+/// not exist is no error.
+pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str) -> Vec<Declaration> {
+    let queue = queue.to_string();
     vec![
         Declaration::Binding {
             exchange: names.tiers_exchange.clone(),
@@ -280,6 +340,8 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             older: type_only.clone(),
         },
         exchange(&names.tiers_exchange, "direct"),
+        // the exchange every tier dead-lettered into before tiers were shared: kept, so what
+        // still waits in a ladder's own tiers comes due
         exchange(&names.due, "fanout"),
         Declaration::Queue {
             name: names.due.clone(),
@@ -287,15 +349,26 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             older: type_only,
         },
         bind(&names.due, &names.due, ""),
+        // what expires in a shared tier comes due here when it is this ladder's
+        matching(
+            &names.shared_due,
+            &names.due,
+            vec![
+                ("x-match", ArgValue::Str("all".into())),
+                (RETRY_LADDER, ArgValue::Str(spec.name.clone())),
+            ],
+        ),
     ];
+    // the shared tier queues are declared by plan_shared; a ladder routes into them, and no
+    // longer into the tiers it declared itself before (those drain into N.L.due, unbound)
     for tier in &spec.tiers {
-        let queue = names.tier_queue(tier);
-        out.push(Declaration::Queue {
-            name: queue.clone(),
-            args: tier_args(names, spec, tier),
-            older: None,
+        out.push(bind(&names.tiers_exchange, &names.tier_queue(tier), &tier.name));
+        out.push(Declaration::Unbinding {
+            exchange: names.tiers_exchange.clone(),
+            queue: names.own_tier_queue_named(&tier.name),
+            key: tier.name.clone(),
+            args: Vec::new(),
         });
-        out.push(bind(&names.tiers_exchange, &queue, &tier.name));
     }
     // A failure's way in (README "How a retry travels"): N.L -> N.L.next, a headers exchange
     // routing a repeat failure by its retry-next into its tier and passing what it does not
@@ -311,6 +384,12 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             &names.tier_queue(tier),
             next(&tier.name),
         ));
+        out.push(Declaration::Unbinding {
+            exchange: names.next_exchange.clone(),
+            queue: names.own_tier_queue_named(&tier.name),
+            key: String::new(),
+            args: next(&tier.name),
+        });
     }
     out.push(matching(&names.next_exchange, &names.intake_queue, next(NEXT_INTAKE)));
     out.push(exchange(&names.intake_exchange, "fanout"));
@@ -327,6 +406,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         exchange: names.intake_exchange.clone(),
         queue: names.intake_queue.clone(),
         key: String::new(),
+        args: Vec::new(),
     });
     out.push(Declaration::Queue {
         name: names.parked.clone(),
@@ -360,13 +440,15 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     out
 }
 
-/// The arguments of a queue where messages wait `tier`: its TTL, dead-lettering into `N.L.due`
-/// when it expires, with the ladder's queue type and dead-letter strategy.
+/// The arguments of a queue where messages wait `tier`: its TTL, dead-lettering into `N.due`
+/// (which routes each message to its own ladder's due queue) when it expires, with the ladder's
+/// queue type and dead-letter strategy — the same for every ladder of its
+/// [`Names::tier_family`], so they share it.
 fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str, ArgValue)> {
     let mut args = vec![
         ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into())),
         ("x-message-ttl", ArgValue::Int(tier.ttl_ms() as i64)),
-        ("x-dead-letter-exchange", ArgValue::Str(names.due.clone())),
+        ("x-dead-letter-exchange", ArgValue::Str(names.shared_due.clone())),
     ];
     match (spec.queue_type, spec.dead_letter_strategy) {
         (QueueType::Quorum, DeadLetterStrategy::AtLeastOnce) => {
@@ -442,20 +524,29 @@ mod tests {
     #[test]
     fn quorum_tiers_dead_letter_at_least_once_into_due() {
         let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
-        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &s, BrokerVersion::LATEST)
+        let plan: Vec<String> = plan("ns", std::slice::from_ref(&s), BrokerVersion::LATEST)
             .iter()
             .map(|d| d.to_string())
             .collect();
-        let tier = plan
-            .iter()
-            .find(|l| l.contains("queue    ns.orders.delay.10s"))
-            .unwrap();
+        let tier = plan.iter().find(|l| l.contains("queue    ns.delay.10s")).unwrap();
         assert_eq!(
             tier,
-            "queue    ns.orders.delay.10s durable x-queue-type=quorum x-message-ttl=10000 \
-             x-dead-letter-exchange=ns.orders.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
+            "queue    ns.delay.10s durable x-queue-type=quorum x-message-ttl=10000 \
+             x-dead-letter-exchange=ns.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
         );
-        assert!(plan.contains(&"binding  ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"".to_string()));
+        assert!(plan.contains(&"binding  ns.orders.tiers -> ns.delay.1h key=\"1h\"".to_string()));
+        // what expires in a shared tier comes due in its own ladder; the rest is kept as stray
+        for line in [
+            "exchange ns.due type=headers durable alternate-exchange=ns.stray",
+            "binding  ns.due -> ns.orders.due key=\"\" x-match=all retry-ladder=orders",
+            "exchange ns.stray type=fanout durable",
+            "binding  ns.stray -> ns.stray key=\"\"",
+            // the tiers a ladder declared itself before are no longer routed into
+            "unbind   ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"",
+            "unbind   ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
+        ] {
+            assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
+        }
         assert!(plan.contains(&"queue    ns.orders.parked durable x-queue-type=stream".to_string()));
         // a failure's way in: N.L -> N.L.next -> (N.L.first), and the binding of the topology
         // before it removed
@@ -464,8 +555,8 @@ mod tests {
             "binding  ns.orders -> exchange ns.orders.next key=\"\"",
             "unbind   ns.orders -> ns.orders.intake key=\"\"",
             "exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first",
-            "binding  ns.orders.next -> ns.orders.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
-            "binding  ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
+            "binding  ns.orders.next -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
+            "binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
             "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
             "exchange ns.orders.first type=fanout durable",
             "binding  ns.orders.first -> ns.orders.intake key=\"\"",
@@ -487,6 +578,36 @@ mod tests {
     }
 
     #[test]
+    fn ladders_of_a_namespace_share_their_tiers_and_another_ladder_adds_few_queues() {
+        let queues = |ladders: &[LadderSpec]| {
+            plan("ns", ladders, BrokerVersion::LATEST)
+                .iter()
+                .filter_map(|d| match d {
+                    Declaration::Queue { name, .. } => Some(name.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut a = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        a.name = "a".into();
+        let mut b = a.clone();
+        b.name = "b".into();
+        let one = queues(std::slice::from_ref(&a));
+        let two = queues(&[a.clone(), b.clone()]);
+        let added: Vec<&String> = two.iter().filter(|q| !one.contains(q)).collect();
+        // intake, due, quarantine, parked, cancels, holds: no tier and no level again
+        assert_eq!(added.len(), 6, "{added:?}");
+        assert!(added.iter().all(|q| q.starts_with("ns.b.")), "{added:?}");
+        let unique: std::collections::BTreeSet<&String> = two.iter().collect();
+        assert_eq!(unique.len(), two.len(), "each queue is declared once");
+        // a ladder whose tiers take other arguments has its own
+        let mut c = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
+        c.name = "c".into();
+        let three = queues(&[a, b, c]);
+        assert!(three.contains(&"ns.delay.10s.classic".to_string()), "{three:?}");
+    }
+
+    #[test]
     fn with_jitter_every_failure_goes_through_the_intake() {
         let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         s.set_exact_delays(true);
@@ -502,7 +623,7 @@ mod tests {
     fn intake_and_due_dead_letter_into_a_quarantine_without_a_delivery_limit() {
         let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         let lines = |version| -> Vec<String> {
-            plan_ladder(&Names::new("ns", "orders"), &s, version)
+            plan_ladder(&Names::of("ns", &s), &s, version)
                 .iter()
                 .map(|d| d.to_string())
                 .collect()
@@ -538,7 +659,7 @@ mod tests {
         );
         // classic queues have no delivery limit: only the dead-letter exchange
         let classic = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
-        let plan: Vec<String> = plan_ladder(&Names::new("ns", "orders"), &classic, BrokerVersion::LATEST)
+        let plan: Vec<String> = plan_ladder(&Names::of("ns", &classic), &classic, BrokerVersion::LATEST)
             .iter()
             .map(|d| d.to_string())
             .collect();
@@ -554,7 +675,7 @@ mod tests {
     #[test]
     fn classic_long_tiers_are_lazy_and_short_ones_are_not() {
         let s = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
-        let plan = plan_ladder(&Names::new("ns", "orders"), &s, BrokerVersion::LATEST);
+        let plan = plan("ns", std::slice::from_ref(&s), BrokerVersion::LATEST);
         let args_of = |name: &str| {
             plan.iter()
                 .find_map(|d| match d {
@@ -563,10 +684,14 @@ mod tests {
                 })
                 .unwrap()
         };
-        assert!(args_of("ns.orders.delay.1h").contains(&("x-queue-mode", ArgValue::Str("lazy".into()))));
-        assert!(!args_of("ns.orders.delay.10s").iter().any(|(k, _)| *k == "x-queue-mode"));
+        assert!(args_of("ns.delay.1h.classic").contains(&("x-queue-mode", ArgValue::Str("lazy".into()))));
         assert!(
-            !args_of("ns.orders.delay.10s")
+            !args_of("ns.delay.10s.classic")
+                .iter()
+                .any(|(k, _)| *k == "x-queue-mode")
+        );
+        assert!(
+            !args_of("ns.delay.10s.classic")
                 .iter()
                 .any(|(k, _)| *k == "x-dead-letter-strategy")
         );

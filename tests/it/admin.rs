@@ -207,7 +207,7 @@ async fn metrics_and_ladders_follow_real_retries() {
     assert_eq!(l["tiers"][1]["delay_ms"], 600_000);
     assert_eq!(l["max_attempts"], 2);
     assert_eq!(l["allow"][0], format!("^{}-", t.ns));
-    assert_eq!(l["queues"]["delay.10m"], format!("{}.delay.10m", t.intake()));
+    assert_eq!(l["queues"]["delay.10m"], format!("{}.delay.10m", t.ns));
     assert_eq!(l["depths"]["intake"], 0);
     assert_eq!(l["totals"]["received_intake"], 6);
     assert_eq!(l["totals"]["parked"], 1);
@@ -238,7 +238,7 @@ async fn a_purged_tier_is_reported_as_unaccounted() {
         })
         .await;
 
-    let tier = format!("{}.delay.10m", t.intake());
+    let tier = format!("{}.delay.10m", t.ns);
     let purged = t.channel.queue_purge(&tier).await.unwrap();
     assert_eq!(purged, 3);
     let started = Instant::now();
@@ -431,7 +431,7 @@ async fn depths_read_in_parallel_stay_with_their_queues_and_a_missing_one_spoils
 
     // a tier deleted behind the service's back: its count is gone, every other one is right,
     // in this poll and the ones after (a passive declare of a missing queue closes its channel)
-    let missing = format!("{}.{}", t.intake(), tier(3));
+    let missing = format!("{}.{}", t.ns, tier(3));
     t.channel.queue_delete(&missing).await.unwrap();
     for _ in 0..3 {
         let v = admin

@@ -176,6 +176,20 @@ fn contract(ns: &str) -> Vec<String> {
             "queue    {ns}.topology durable x-queue-type=stream x-max-length-bytes=8388608 \
              x-stream-max-segment-size-bytes=1048576"
         ),
+        // what the namespace's ladders share: the tiers, N.due routing what expires in them to
+        // its own ladder, and N.stray for what belongs to none
+        format!("exchange {ns}.stray type=fanout durable"),
+        format!("queue    {ns}.stray durable x-queue-type=quorum x-delivery-limit=-1"),
+        format!("binding  {ns}.stray -> {ns}.stray key=\"\""),
+        format!("exchange {ns}.due type=headers durable alternate-exchange={ns}.stray"),
+        format!(
+            "queue    {ns}.delay.200ms durable x-queue-type=quorum x-message-ttl=200 \
+             x-dead-letter-exchange={ns}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
+        ),
+        format!(
+            "queue    {ns}.delay.500ms durable x-queue-type=quorum x-message-ttl=500 \
+             x-dead-letter-exchange={ns}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
+        ),
         format!("exchange {n}.quarantine type=fanout durable"),
         format!("queue    {n}.quarantine durable x-queue-type=quorum x-delivery-limit=-1"),
         format!("binding  {n}.quarantine -> {n}.quarantine key=\"\""),
@@ -188,21 +202,18 @@ fn contract(ns: &str) -> Vec<String> {
             "queue    {n}.due durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
         ),
         format!("binding  {n}.due -> {n}.due key=\"\""),
-        format!(
-            "queue    {n}.delay.200ms durable x-queue-type=quorum x-message-ttl=200 \
-             x-dead-letter-exchange={n}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
-        ),
-        format!("binding  {n}.tiers -> {n}.delay.200ms key=\"200ms\""),
-        format!(
-            "queue    {n}.delay.500ms durable x-queue-type=quorum x-message-ttl=500 \
-             x-dead-letter-exchange={n}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
-        ),
-        format!("binding  {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
+        format!("binding  {ns}.due -> {n}.due key=\"\" x-match=all retry-ladder=default"),
+        format!("binding  {n}.tiers -> {ns}.delay.200ms key=\"200ms\""),
+        format!("unbind   {n}.tiers -> {n}.delay.200ms key=\"200ms\""),
+        format!("binding  {n}.tiers -> {ns}.delay.500ms key=\"500ms\""),
+        format!("unbind   {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
         format!("exchange {n}.first type=fanout durable"),
         format!("binding  {n}.first -> {n}.intake key=\"\""),
         format!("exchange {n}.next type=headers durable alternate-exchange={n}.first"),
-        format!("binding  {n}.next -> {n}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
-        format!("binding  {n}.next -> {n}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
+        format!("binding  {n}.next -> {ns}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
+        format!("unbind   {n}.next -> {n}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
+        format!("binding  {n}.next -> {ns}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
+        format!("unbind   {n}.next -> {n}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
         format!("binding  {n}.next -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
         format!("exchange {n} type=fanout durable"),
         format!("binding  {n} -> exchange {n}.next key=\"\""),
@@ -275,8 +286,9 @@ async fn apply_declares_the_topology_on_the_broker() {
     for queue in [
         format!("{ns}.default.intake"),
         format!("{ns}.default.due"),
-        format!("{ns}.default.delay.200ms"),
-        format!("{ns}.default.delay.500ms"),
+        format!("{ns}.delay.200ms"),
+        format!("{ns}.delay.500ms"),
+        format!("{ns}.stray"),
         format!("{ns}.default.parked"),
     ] {
         // a failed passive declare closes its channel: one channel per queue

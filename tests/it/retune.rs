@@ -69,7 +69,7 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     let mut t = TestLadder::configure("retune", "backoff = [\"8s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n").await;
     t.start_service().await;
     let dest = t.declare_queue("dest", FieldTable::new()).await;
-    let old_tier = format!("{}.default.delay.8s", t.ns);
+    let old_tier = format!("{}.delay.8s", t.ns);
     t.track_queue(&old_tier);
     let ids: HashSet<String> = (0..20).map(|i| format!("m{i}")).collect();
     for id in &ids {
@@ -115,7 +115,9 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(text.contains("1 retired, 0 differing"), "{}", out(&check));
     assert!(
-        text.contains(&format!("retired queue {old_tier} (ladder default, delay.8s)")),
+        text.contains(&format!(
+            "retired queue {old_tier} (shared by the namespace's ladders, delay.8s)"
+        )),
         "{}",
         out(&check)
     );
@@ -160,7 +162,7 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     );
     assert_eq!(depth(&t.client, &old_tier).await, None, "the retired tier is gone");
     // what the config uses is untouched, and the namespace no longer lists the tier
-    assert!(depth(&t.client, &format!("{}.default.delay.1s", t.ns)).await.is_some());
+    assert!(depth(&t.client, &format!("{}.delay.1s", t.ns)).await.is_some());
     let check = run_ladder(&path, &["check"], &[]).await;
     assert!(
         String::from_utf8_lossy(&check.stdout).contains("0 retired, 0 differing"),
@@ -226,7 +228,7 @@ async fn a_retired_ladder_is_pruned_whole_and_nothing_else() {
         "{}",
         out(&pruned)
     );
-    for gone in ["intake", "due", "quarantine", "delay.1s", "holds"] {
+    for gone in ["intake", "due", "quarantine", "holds"] {
         assert_eq!(depth(&conn, &format!("{ns}.b.{gone}")).await, None, "{gone} is deleted");
     }
     for gone in ["", ".next", ".first", ".tiers", ".due", ".quarantine"] {
@@ -242,7 +244,8 @@ async fn a_retired_ladder_is_pruned_whole_and_nothing_else() {
     // the ladder the config uses, and the other namespace's ladder b, are untouched
     for kept in [
         format!("{ns}.a.intake"),
-        format!("{ns}.a.delay.1s"),
+        // the tier a shares with the retired b
+        format!("{ns}.delay.1s"),
         format!("{other}.b.intake"),
     ] {
         assert!(depth(&conn, &kept).await.is_some(), "{kept} is kept");
@@ -336,7 +339,9 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
     let new_t = "backoff = [\"500ms\", \"1s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n";
     let dir_after = tempfile::tempdir().unwrap();
     let after = write_config(dir_after.path(), &ns, "", "t", new_t);
-    write_config(dir_after.path(), &ns, "", "u", ladder);
+    // u shares t's new 1 s tier
+    let new_u = "backoff = [\"1s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n";
+    write_config(dir_after.path(), &ns, "", "u", new_u);
     let _after = Cleanup::for_config(&after);
 
     let conn = connect().await;
@@ -371,7 +376,7 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
     .unwrap();
     std::fs::write(
         dir.path().join("ladders/u.toml"),
-        with_test_levels(&ladder.replace("{ns}", &ns)),
+        with_test_levels(&new_u.replace("{ns}", &ns)),
     )
     .unwrap();
     running.signal("HUP");
@@ -409,9 +414,9 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
         .iter()
         .map(|r| r["name"].as_str().unwrap())
         .collect();
-    assert_eq!(retired, [format!("{ns}.t.delay.2s")], "{ladders}");
+    assert_eq!(retired, [format!("{ns}.delay.2s")], "{ladders}");
     let page = get(&admin, "/?refresh=off").await;
-    assert!(page.contains("Retired and differing topology") && page.contains(&format!("{ns}.t.delay.2s")));
+    assert!(page.contains("Retired and differing topology") && page.contains(&format!("{ns}.delay.2s")));
 
     // a broken file: the running config stays, the log says why, the metric counts it
     std::fs::write(dir.path().join("ladders/broken.toml"), "backoff = [").unwrap();

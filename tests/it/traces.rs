@@ -136,7 +136,7 @@ async fn three_failures_then_parked_is_one_trace_with_the_waits_in_it() {
             .iter()
             .find(|s| s.parent_span_id == sent.span_context.span_id() && s.name.starts_with("wait "))
             .unwrap_or_else(|| panic!("round {round}: a wait span under {}", sent.name));
-        assert_eq!(wait.name, format!("wait {}.default.delay.{tier}", t.ns));
+        assert_eq!(wait.name, format!("wait {}.delay.{tier}", t.ns));
         let waited = wait.end_time.duration_since(wait.start_time).unwrap();
         let delay = humantime::parse_duration(tier).unwrap();
         assert!(

@@ -140,7 +140,12 @@ impl<'a> HopContext<'a> {
         let h = props.headers.as_ref()?;
         let tier = as_text(h.get(header::RETRY_NEXT)?).unwrap_or_default();
         let queue = self.names.tier_queue_named(tier);
-        let skip = usize::from(newest_death_queue(h).as_deref() == Some(queue.as_str()));
+        // the ladder's own tier of that name, where an older Ladder routed it
+        let newest = newest_death_queue(h);
+        let skip = usize::from(
+            newest.as_deref() == Some(queue.as_str())
+                || newest.as_deref() == Some(self.names.own_tier_queue_named(tier).as_str()),
+        );
         Some(RoutedFailure {
             waited_ms: self.tier_ms(tier),
             skip,
