@@ -29,4 +29,5 @@ mod retry;
 mod retune;
 mod scheduled;
 mod security;
+mod shared;
 mod traces;
