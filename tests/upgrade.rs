@@ -350,5 +350,29 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
         next_within(&mut destination, Duration::from_secs(2)).await.is_none(),
         "the entry the previous release discarded was not replayed"
     );
+
+    // the tiers the previous release declared for the ladder drained into its due queue; they
+    // are listed as retired and pruned, and the shared ones stay
+    let own = names.own_tier_queue_named("1s");
+    assert!(
+        depth(&conn, &own).await.is_some(),
+        "the previous release declared {own}"
+    );
+    let check = command(&current, &config_path, &["check"]);
+    let text = String::from_utf8_lossy(&check.stdout).to_string();
+    assert!(
+        text.contains(&format!("retired queue {own} (ladder default, delay.1s)")),
+        "{text}"
+    );
+    let pruned = command(&current, &config_path, &["prune", "--wait", "30s"]);
+    let text = String::from_utf8_lossy(&pruned.stdout).to_string();
+    assert_eq!(pruned.status.code(), Some(0), "{text}");
+    eprintln!("{text}");
+    for tier in &config.ladders[0].tiers {
+        let own = names.own_tier_queue_named(&tier.name);
+        assert_eq!(depth(&conn, &own).await, None, "{own} is pruned");
+        let shared = names.tier_queue(tier);
+        assert!(depth(&conn, &shared).await.is_some(), "{shared} stays");
+    }
     new.terminate().await;
 }
