@@ -94,7 +94,7 @@ pub async fn record(
     // recorded, so they show as retired until `ladder prune` removes them
     let unknown: Vec<Known> = crate::model::drift::own_tiers(&config.namespace, &config.ladders)
         .into_iter()
-        .filter(|k| !registry.knows(k))
+        .filter(|k| !registry.knows(k) && !registry.migrated(&config.namespace, &k.ladder))
         .collect();
     let seen = observe(connection, &unknown).await?;
     planned.extend(unknown.into_iter().zip(seen).filter(|(_, o)| o.exists).map(|(k, _)| k));

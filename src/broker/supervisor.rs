@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::broker::relay::{self, Hop, LadderRuntime};
-use crate::broker::topology::{self, Names, TopologyError};
+use crate::broker::topology::{self, Declaration, Names, TopologyError};
 use crate::config::{AmqpConfig, Config};
 use crate::metrics::Metrics;
 use crate::model::backoff::Backoff;
@@ -260,7 +260,7 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
     let mut pause = Duration::from_millis(500);
     loop {
         let connection = connect(&config.amqp).await?;
-        let result = declare(&connection, config).await;
+        let result = declare(&connection, config, None).await;
         if let Ok(older) = &result {
             look_at_drift(&connection, config, &State::default(), older.clone()).await;
         }
@@ -356,9 +356,32 @@ async fn look_at_drift(connection: &Connection, config: &Config, state: &State, 
 
 /// Declares the topology of `config` for the broker `connection` is open to, and warns about
 /// queues kept in an older shape (see [`topology::OlderQueue`]), which it returns.
-async fn declare(connection: &Connection, config: &Config) -> Result<Vec<topology::OlderQueue>, TopologyError> {
+///
+/// The plan unbinds each ladder's own tiers of before tiers were shared; most are gone or never
+/// were, and each such unbind is a 404 the broker logs. So a ladder that `known` (the topology
+/// stream) shows this release declared before skips them: they were removed then. Without
+/// `known` (`ladder apply`, an operator's explicit step; or a stream that could not be read)
+/// every unbind is made.
+async fn declare(
+    connection: &Connection,
+    config: &Config,
+    known: Option<&crate::model::drift::Registry>,
+) -> Result<Vec<topology::OlderQueue>, TopologyError> {
     let version = topology::version_of(connection);
-    let older_queues = topology::apply(connection, &topology::plan(config, version)).await?;
+    let mut plan = topology::plan(config, version);
+    if let Some(registry) = known {
+        let done: Vec<String> = config
+            .ladders
+            .iter()
+            .filter(|spec| registry.migrated(&config.namespace, &spec.name))
+            .map(|spec| format!("{}.delay.", Names::new(&config.namespace, &spec.name).intake_exchange))
+            .collect();
+        plan.retain(|d| match d {
+            Declaration::Unbinding { queue, .. } => !done.iter().any(|own| queue.starts_with(own.as_str())),
+            _ => true,
+        });
+    }
+    let older_queues = topology::apply(connection, &plan).await?;
     for older in &older_queues {
         let missing: Vec<&str> = older.missing.iter().map(|(k, _)| *k).collect();
         warn!(
@@ -371,6 +394,10 @@ async fn declare(connection: &Connection, config: &Config) -> Result<Vec<topolog
     }
     Ok(older_queues)
 }
+
+/// How long a starting session may read the topology stream to learn which ladders it declared
+/// before; past it every unbind is made.
+const MIGRATED_READ: Duration = Duration::from_secs(5);
 
 /// `apply` failed.
 #[derive(Debug, thiserror::Error)]
@@ -481,7 +508,25 @@ async fn session(
         broker: Some(broker),
     };
     let session_started = std::time::Instant::now();
-    let declared = match declare(&connection, config).await {
+    // what the namespace declared before: as this process last saw it, or read once at its first
+    // session (a reconnect must not wait for a stream)
+    let seen = state
+        .drift
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_ref()
+        .map(|seen| seen.registry.clone());
+    let known = match seen {
+        Some(registry) => Some(registry),
+        None => tokio::time::timeout(
+            MIGRATED_READ,
+            crate::broker::drift::read(&connection, &config.namespace),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok),
+    };
+    let declared = match declare(&connection, config, known.as_ref()).await {
         Ok(older) => {
             look_at_drift(&connection, config, state, older).await;
             Ok(())

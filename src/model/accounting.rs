@@ -7,9 +7,14 @@
 //! ```text
 //! entered = first deliveries from N.L.intake (redelivered = false)
 //! left    = delivered + parked
-//! waiting = ready messages in every N.L.delay.<tier> queue + N.L.due + N.L.quarantine
+//! waiting = ready messages in every tier queue it uses (N.delay.<tier>) + N.L.due + N.L.quarantine
 //! balance = entered − left − in_flight(intake, due, quarantine) − waiting
 //! ```
+//!
+//! The tier queues are the namespace's, shared by its ladders, and a shared queue's depth
+//! cannot be split by ladder. So with more than one ladder the identity is checked for all of
+//! them together ([`Observation::together`]: counters summed, every queue counted once), and
+//! each ladder reports that verdict.
 //!
 //! `balance` stays constant while nothing is lost; a message that vanishes from a tier raises it
 //! by one. The service's counters start at 0 in each process, so the check anchors at the first
@@ -415,6 +420,27 @@ mod tests {
     /// Observes the same quiet state `times` times and returns the verdicts.
     fn repeat(ledger: &mut Ledger, o: Observation, times: usize) -> Vec<Verdict> {
         (0..times).map(|_| ledger.observe(&o, RULES)).collect()
+    }
+
+    #[test]
+    fn ladders_sharing_a_tier_are_checked_together_and_a_loss_still_shows() {
+        // a took in 5 and b 3; all 8 wait in one shared tier (read once, as 8)
+        let (a, b) = (counters(5, 0, 0), counters(3, 0, 0));
+        let both = |a, b, waiting| Observation::together(&[quiet(a, 0), quiet(b, 0)], waiting);
+        let mut l = Ledger::default();
+        assert_eq!(repeat(&mut l, both(a, b, 8), 2), [Verdict::Busy, Verdict::Anchored]);
+        // 2 of a's and 1 of b's delivered: balanced together
+        let (a, b) = (counters(5, 2, 0), counters(3, 1, 0));
+        assert_eq!(repeat(&mut l, both(a, b, 5), 4).last(), Some(&Verdict::Balanced));
+        assert_eq!(l.unaccounted(), 0);
+        // one vanishes from the shared tier: reported, whichever ladder it was
+        let last = repeat(&mut l, both(a, b, 4), 4);
+        assert_eq!(last.last(), Some(&Verdict::Unaccounted { missing: 1 }), "{last:?}");
+        // anything not checkable, shared or disrupted makes the whole so
+        let mut busy = quiet(a, 0);
+        busy.checkable = false;
+        let o = Observation::together(&[busy, quiet(b, 0)], 5);
+        assert!(!o.checkable && o.after.entered == 8 && o.waiting == 5);
     }
 
     #[test]
