@@ -16,7 +16,11 @@ fn ladder(dest: &str) -> String {
 }
 
 /// Reads `/api/ladders` until `condition` holds (or panics at [`WAIT`]).
-async fn wait_ladders(admin: &TestAdmin, what: &str, condition: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+async fn wait_ladders(
+    admin: &TestAdmin,
+    what: &str,
+    condition: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     eventually_ok(what, WAIT, async || {
         let url = admin.url("/api/ladders");
         let body = tokio::time::timeout(WAIT, async { reqwest::get(&url).await?.text().await })
@@ -38,7 +42,13 @@ async fn two_ladders_share_a_tier_and_each_retry_comes_back_to_its_own_queue() {
     const EACH: usize = 100;
     let mut t = TestLadder::configure_with("shared", "[admin]\npoll_interval = \"100ms\"", &ladder("a")).await;
     // a second ladder in the same directory (files are read sorted: `b` after `default`)
-    let path = write_config(t.dir.path(), &t.ns, "[admin]\npoll_interval = \"100ms\"", "b", &ladder("b"));
+    let path = write_config(
+        t.dir.path(),
+        &t.ns,
+        "[admin]\npoll_interval = \"100ms\"",
+        "b",
+        &ladder("b"),
+    );
     t.config = Arc::new(ladder::config::load(&path, &HashMap::new()).expect("two ladders load"));
     assert_eq!(t.config.ladders.len(), 2);
     t.start_service().await;
@@ -69,7 +79,11 @@ async fn two_ladders_share_a_tier_and_each_retry_comes_back_to_its_own_queue() {
     let mut done: [HashMap<String, usize>; 2] = [HashMap::new(), HashMap::new()];
     let deadline = tokio::time::Instant::now() + WAIT * 2;
     while done.iter().map(HashMap::len).sum::<usize>() < 2 * EACH {
-        assert!(tokio::time::Instant::now() < deadline, "only {:?} done", done.each_ref().map(HashMap::len));
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {:?} done",
+            done.each_ref().map(HashMap::len)
+        );
         for (i, consumer) in consumers.iter_mut().enumerate() {
             let Some(d) = next_within(consumer, std::time::Duration::from_millis(50)).await else {
                 continue;
@@ -88,11 +102,18 @@ async fn two_ladders_share_a_tier_and_each_retry_comes_back_to_its_own_queue() {
     }
     for (i, seen) in done.iter().enumerate() {
         let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "queue {i}: delivered twice on its last retry: {twice:?}");
+        assert!(
+            twice.is_empty(),
+            "queue {i}: delivered twice on its last retry: {twice:?}"
+        );
     }
     // nothing more arrives, and the shared tier is empty
     for consumer in &mut consumers {
-        assert!(next_within(consumer, std::time::Duration::from_millis(800)).await.is_none());
+        assert!(
+            next_within(consumer, std::time::Duration::from_millis(800))
+                .await
+                .is_none()
+        );
     }
     // both ladders are checked together: balanced, every delivery counted, no loss
     let v = wait_ladders(&admin, "both ladders balance with every delivery counted", |v| {
@@ -132,9 +153,11 @@ async fn what_belongs_to_no_ladder_is_checked_by_the_first_ladders_due_hop() {
             .with_headers(h)
     };
     // straight into the shared tier, as only a user with write on it could
-    t.publish("", &shared, b"gone", stray("gone-1", Some("retired"), &allowed)).await;
+    t.publish("", &shared, b"gone", stray("gone-1", Some("retired"), &allowed))
+        .await;
     t.publish("", &shared, b"none", stray("none-1", None, &allowed)).await;
-    t.publish("", &shared, b"other", stray("other-1", Some("retired"), &other)).await;
+    t.publish("", &shared, b"other", stray("other-1", Some("retired"), &other))
+        .await;
 
     let mut seen = Vec::new();
     for _ in 0..2 {
@@ -149,5 +172,9 @@ async fn what_belongs_to_no_ladder_is_checked_by_the_first_ladders_due_hop() {
     assert_eq!(parked.hop, "due");
     assert_eq!(parked.destination.as_deref(), Some(other.as_str()));
     t.assert_nothing_parked_after(1).await;
-    assert_eq!(depth(&t.client, &format!("{}.stray", t.ns)).await, Some((0, 1)), "N.stray is consumed");
+    assert_eq!(
+        depth(&t.client, &format!("{}.stray", t.ns)).await,
+        Some((0, 1)),
+        "N.stray is consumed"
+    );
 }
