@@ -111,6 +111,10 @@ pub(crate) struct TierView {
     pub(crate) next_leave_at_ms: Option<u64>,
     /// How many this process put into the tier that have not left yet, by the same estimate.
     pub(crate) put_in_waiting: Option<u64>,
+    /// The other ladders of the config whose messages wait in the same queue (tier queues are
+    /// the namespace's): its depth is theirs too. Absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) shared_with: Vec<String>,
 }
 
 impl LaddersView {
@@ -138,6 +142,19 @@ impl LaddersView {
                                 step: spec.steps.contains(tier),
                                 next_leave_at_ms: leaving.map(|(at, _)| at),
                                 put_in_waiting: leaving.map(|(_, n)| n),
+                                shared_with: config
+                                    .ladders
+                                    .iter()
+                                    .filter(|other| other.name != spec.name)
+                                    .filter(|other| {
+                                        let theirs = Names::of(&config.namespace, other);
+                                        other
+                                            .tiers
+                                            .iter()
+                                            .any(|o| theirs.tier_queue(o) == names.tier_queue(tier))
+                                    })
+                                    .map(|other| other.name.clone())
+                                    .collect(),
                             }
                         })
                         .collect(),

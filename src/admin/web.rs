@@ -285,6 +285,7 @@ pub(crate) async fn overview(
                     td {
                         @for t in l.tiers.iter().filter(|t| t.step) {
                             (t.name) ": " (depth(l, &format!("delay.{}", t.name)))
+                            @if !t.shared_with.is_empty() { span .shared title="tier queues are the namespace's: this count is theirs too" { " (shared with " (t.shared_with.join(", ")) ")" } }
                             @if let Some(at) = t.next_leave_at_ms { span .next-leave { ", next out " (format_time(at)) } }
                             br;
                         }
@@ -381,7 +382,7 @@ pub(crate) async fn overview(
                         a .cancel-link href={ "/ladders/" (l.name) "/scheduled/cancel" } { "Cancel a scheduled delivery…" }
                     }
                 }
-                (ladder_charts(history.ladder(&l.name)))
+                (ladder_charts(history.ladder(&l.name), l.tiers.iter().any(|t| !t.shared_with.is_empty())))
             }
         }
         p .muted {
@@ -416,8 +417,9 @@ fn retired_rows(
     (tiers, ladders)
 }
 
-/// The three charts of one ladder's last hour.
-fn ladder_charts(history: Option<&crate::admin::history::LadderHistory>) -> Markup {
+/// The three charts of one ladder's last hour; `shared` when one of its tier queues is another
+/// ladder's too (what waits there is counted for both).
+fn ladder_charts(history: Option<&crate::admin::history::LadderHistory>, shared: bool) -> Markup {
     use crate::admin::charts::{Chart, Series, Unit};
     use crate::admin::history::{MINUTES, Point};
     let points = history.map(|h| h.points()).unwrap_or_default();
@@ -461,7 +463,11 @@ fn ladder_charts(history: Option<&crate::admin::history::LadderHistory>) -> Mark
             ],
         ),
         chart(
-            "Waiting",
+            if shared {
+                "Waiting (in tiers shared with other ladders)"
+            } else {
+                "Waiting"
+            },
             Unit::Messages,
             vec![
                 series("in backoff steps", &|p| p.waiting_steps.map(|n| n as f64)),

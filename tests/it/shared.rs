@@ -41,7 +41,7 @@ async fn wait_ladders(
 async fn two_ladders_share_a_tier_and_each_retry_comes_back_to_its_own_queue() {
     const EACH: usize = 100;
     let mut t = TestLadder::configure_with("shared", "[admin]\npoll_interval = \"100ms\"", &ladder("a")).await;
-    // a second ladder in the same directory (files are read sorted: `b` after `default`)
+    // a second ladder in the same directory (files are read sorted: `b` comes first)
     let path = write_config(
         t.dir.path(),
         &t.ns,
@@ -122,9 +122,11 @@ async fn two_ladders_share_a_tier_and_each_retry_comes_back_to_its_own_queue() {
         delivered == 4 * EACH as u64 && l.iter().all(|l| l["accounting"]["verdict"] == "balanced")
     })
     .await;
-    for l in v["ladders"].as_array().unwrap() {
+    for (l, other) in v["ladders"].as_array().unwrap().iter().zip(["default", "b"]) {
         assert_eq!(l["accounting"]["unaccounted"], 0, "{v:#}");
         assert_eq!(l["queues"]["delay.300ms"], shared.as_str(), "{v:#}");
+        // the page and the API say whose messages the count also holds
+        assert_eq!(l["tiers"][0]["shared_with"], serde_json::json!([other]), "{v:#}");
     }
     admin.stop().await;
 }
