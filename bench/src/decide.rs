@@ -35,7 +35,7 @@ pub fn run(args: DecideArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let config = config?;
     let spec = &config.ladders[0];
-    let names = Names::new(&config.namespace, &spec.name);
+    let names = Names::of(&config.namespace, spec);
     let ctx = HopContext {
         spec,
         names: &names,

@@ -395,13 +395,15 @@ impl Service {
             .expect("the bench configured this ladder")
     }
 
+    /// The names of `ladder`, its tier queues named for its queue type and dead-letter strategy.
     pub(crate) fn names(&self, ladder: &str) -> Names {
-        Names::new(&self.ns, ladder)
+        Names::of(&self.ns, self.spec(ladder))
     }
 
-    /// A level's (or step's) queue.
+    /// A level's (or step's) queue: the namespace's `N.delay.<tier>` of the ladder's queue shape,
+    /// shared with every ladder of that shape.
     pub(crate) fn tier_queue(&self, ladder: &str, tier: &str) -> String {
-        format!("{}.delay.{tier}", self.names(ladder).intake_exchange)
+        self.names(ladder).tier_queue_named(tier)
     }
 
     /// (ladder CPU, broker CPU) now.

@@ -1,13 +1,22 @@
 //! The minimal relay (`ladder-bench relay`): the same two hops as the ladder over the same
 //! topology, with nothing else — the physical limit of this design on this broker.
 //!
-//! intake: consume `N.L.intake` → publish to `N.L.tiers` with the tier as routing key (and the
-//! `retry-due-at` header the destination measures lateness against) → confirm → ack.
+//! intake: consume `N.L.intake` → publish to `N.L.tiers` with the tier as routing key, which
+//! routes into the namespace's shared tier queue `N.delay.<tier>` → confirm → ack. The tier
+//! dead-letters into `N.due`, a headers exchange that routes by `retry-ladder` to `N.L.due`.
 //! due: consume `N.L.due` → publish to the default exchange with `retry-to` as routing key →
-//! confirm → ack. No validation, no header stripping, no telemetry, no parking. Same prefetch,
-//! same persistent mandatory publishes and the same many-in-flight structure as the ladder, and
-//! the same shared table keys (`ladder_amqp::share_table_keys`), so the difference measured is
-//! the ladder's own work.
+//! confirm → ack.
+//!
+//! The relay writes the same protocol headers the ladder writes on each hop
+//! (`model::protocol::intake` and `due`), so both publish the same header bytes and the
+//! comparison measures the ladder's work, not its headers: at the intake `retry-to`,
+//! `retry-attempt`, `retry-first-failed-at`, `retry-ladder` (which `N.due` routes by),
+//! `retry-tier`, `retry-due-at` and `retry-history`; at the due hop `retry-next`, the broker's
+//! dead-letter annotations (`x-death` and its family) removed. No validation, no telemetry, no
+//! parking, no ladder arithmetic (the attempt is counted, the tier is the one it is given).
+//! Same prefetch, same persistent mandatory publishes and the same many-in-flight structure as
+//! the ladder, and the same shared table keys (`ladder_amqp::share_table_keys`), so the
+//! difference measured is the ladder's own work.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +25,8 @@ use anyhow::Result;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use ladder_amqp::{Channel, Confirmation, Connection, Delivery, FieldTable, FieldValue};
+
+use ladder::model::protocol::{header, is_stripped};
 
 use crate::broker::{OP_TIMEOUT, bounded, confirm_channel, connect};
 use crate::now_ms;
@@ -32,6 +43,9 @@ pub struct RelayArgs {
     /// `N.L.due`.
     #[arg(long)]
     pub due_queue: String,
+    /// `L`, written as `retry-ladder`: `N.due` routes what expires in the shared tier by it.
+    #[arg(long)]
+    pub ladder: String,
     /// `N.L.tiers`.
     #[arg(long)]
     pub tiers_exchange: String,
@@ -58,8 +72,8 @@ enum Hop {
 /// so both pay the same thread hand-offs.
 pub async fn run(args: RelayArgs) -> Result<()> {
     // the client's cheapest path for the headers it reads and writes, as the ladder takes it
-    // for its own (and RabbitMQ's x-death keys)
-    ladder_amqp::share_table_keys(&["retry-to", "retry-due-at"]);
+    // for its own (the same list; and RabbitMQ's x-death keys)
+    ladder_amqp::share_table_keys(header::ALL);
     let conn = connect(&args.url, "ladder-bench-relay").await?;
     let args = Arc::new(args);
     let intake = tokio::spawn(hop_loop(conn.clone(), args.clone(), Hop::Intake));
@@ -97,24 +111,48 @@ async fn hop_loop(conn: Connection, args: Arc<RelayArgs>, hop: Hop) -> Result<()
 }
 
 async fn relay_one(hop: Hop, args: &RelayArgs, ch: Channel, d: Delivery) -> ladder_amqp::Result<()> {
-    let (exchange, routing_key, properties) = match hop {
+    let mut headers = d.properties.headers.clone().unwrap_or_default();
+    let (exchange, routing_key) = match hop {
         Hop::Intake => {
-            let mut headers = d.properties.headers.clone().unwrap_or_default();
-            headers.set("retry-due-at", FieldValue::LongLongInt((now_ms() + args.ttl_ms) as i64));
-            (
-                args.tiers_exchange.as_str(),
-                args.tier.clone(),
-                d.properties.clone().with_headers(headers),
-            )
+            // what the ladder's intake writes (model::protocol::intake), its values taken as
+            // they come: no checks
+            let now = now_ms();
+            let number = |h: &FieldTable, key| match h.get(key) {
+                Some(FieldValue::LongLongInt(n)) => Some(*n),
+                _ => None,
+            };
+            let attempt = number(&headers, header::RETRY_ATTEMPT).unwrap_or(0) + 1;
+            let first_failed_at = number(&headers, header::RETRY_FIRST_FAILED_AT).unwrap_or(now as i64);
+            let entry = format!("{attempt}:{}:{now}", args.tier);
+            let history = match headers.get(header::RETRY_HISTORY) {
+                Some(FieldValue::LongString(s)) => format!("{},{entry}", String::from_utf8_lossy(s.as_bytes())),
+                _ => entry,
+            };
+            headers.set(header::RETRY_ATTEMPT, FieldValue::LongLongInt(attempt));
+            headers.set(header::RETRY_FIRST_FAILED_AT, FieldValue::LongLongInt(first_failed_at));
+            headers.set(header::RETRY_LADDER, FieldValue::string(&args.ladder));
+            headers.set(header::RETRY_TIER, FieldValue::string(&args.tier));
+            headers.set(
+                header::RETRY_DUE_AT,
+                FieldValue::LongLongInt((now + args.ttl_ms) as i64),
+            );
+            headers.set(header::RETRY_HISTORY, FieldValue::string(&history));
+            (args.tiers_exchange.as_str(), args.tier.clone())
         }
         Hop::Due => {
-            let to = match d.properties.headers.as_ref().and_then(|h| h.get("retry-to")) {
+            let to = match headers.get(header::RETRY_TO) {
                 Some(FieldValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
                 _ => String::new(),
             };
-            ("", to, d.properties.clone())
+            // as the ladder's due hop delivers it: without what dead-lettering added, with
+            // where its next failure waits (the one tier: the ladder's answer for a one-step
+            // backoff)
+            headers.retain(|key, _| !is_stripped(key.as_bytes()));
+            headers.set(header::RETRY_NEXT, FieldValue::string(&args.tier));
+            ("", to)
         }
     };
+    let properties = d.properties.clone().with_headers(headers);
     let confirm = ch
         .basic_publish(exchange, &routing_key, true, &properties, &d.body)?
         .await?;

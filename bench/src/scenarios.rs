@@ -444,6 +444,8 @@ impl Bench {
                 &names.intake_queue,
                 "--due-queue",
                 &names.due,
+                "--ladder",
+                cfg.ladder,
                 "--tiers-exchange",
                 &names.tiers_exchange,
                 "--tier",
@@ -507,8 +509,12 @@ impl Bench {
 
         // Destinations and their collectors.
         for cfg in self.profile.cfgs.clone() {
-            for (label, ns) in [("ladder", self.ns.clone()), ("relay", self.relay_ns.clone())] {
-                let names = Names::new(&ns, cfg.ladder);
+            for (label, ns, config) in [
+                ("ladder", self.ns.clone(), &config),
+                ("relay", self.relay_ns.clone(), &relay_config),
+            ] {
+                // the tier queue is the namespace's, named for the ladder's queue shape
+                let names = names_of(config, cfg.ladder);
                 let dest = format!("{ns}-dest-{}", cfg.ladder);
                 declare_queue(&self.ctl, &self.registry, &dest, FieldTable::new()).await?;
                 let collector = Collector::start(&self.consume, &dest).await?;
@@ -522,7 +528,7 @@ impl Bench {
                     intake_exchange: names.intake_exchange.clone(),
                     watch: vec![
                         names.intake_queue.clone(),
-                        format!("{}.delay.{TIER}", names.intake_exchange),
+                        names.tier_queue_named(TIER),
                         names.due.clone(),
                         dest.clone(),
                     ],
@@ -1079,8 +1085,10 @@ impl Bench {
     /// The tier is deleted right after, also when the measurement fails.
     pub async fn million(&mut self) -> Result<Million> {
         let count = self.profile.million;
+        // a quorum tier dead-lettering at-least-once: the namespace's `N.delay.1h`, which only
+        // this ladder uses
         let names = Names::new(&self.ns, "long");
-        let tier = format!("{}.delay.1h", names.intake_exchange);
+        let tier = names.tier_queue_named("1h");
         let mut out = Million {
             count,
             ..Default::default()
@@ -1228,6 +1236,15 @@ impl Bench {
             .map(|s| s.hwm_kb)
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// The names of ladder `ladder` of `config`, its tier queues named for its queue type and
+/// dead-letter strategy (they are the namespace's, shared by the ladders of the same shape).
+fn names_of(config: &ladder::config::Config, ladder: &str) -> Names {
+    match config.ladders.iter().find(|l| l.name == ladder) {
+        Some(spec) => Names::of(&config.namespace, spec),
+        None => Names::new(&config.namespace, ladder),
     }
 }
 
