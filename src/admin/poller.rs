@@ -63,8 +63,25 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The accounting rules: a quiet poll is exact (no traffic moved while or since it was taken),
 /// so no tolerance is needed — a single lost message is reported. What remains is a message
 /// briefly in no queue (in transit between a tier and `N.L.due`, or delivered and not yet
-/// handled), which never lasts three polls in a row.
-pub const ACCOUNTING_RULES: Rules = Rules { tolerance: 0, polls: 3 };
+/// handled), which never lasts three polls in a row. A shortfall is judged only once it lasted
+/// longer than a lost session takes to be noticed ([`accounting_rules`]).
+pub fn accounting_rules(amqp: &AmqpConfig) -> Rules {
+    Rules {
+        tolerance: 0,
+        polls: 3,
+        settle_ms: shortfall_settle(amqp).as_millis() as u64,
+    }
+}
+
+/// How long a shortfall must last before the accounting judges it: twice the time in which a
+/// session that cannot serve is noticed (missed heartbeats, or the watchdog's stall timeout and
+/// its probe's second), 10 s by default. A partition that shows as missing messages before
+/// anything noticed it (a cut-off node answers the poller's reads from stale state) is then
+/// judged after the lost session, as in doubt.
+fn shortfall_settle(amqp: &AmqpConfig) -> Duration {
+    let noticed = amqp.heartbeat_timeout.max(amqp.stall_timeout) + Duration::from_secs(2);
+    noticed * 2
+}
 
 /// The queue roles whose ready messages count as waiting in the ladder: the tiers, `due` and
 /// `quarantine` (what it holds is parked by the service).
@@ -248,6 +265,7 @@ async fn poll(
             shared,
             // what went unconfirmed or unacked then may turn up late, or counted twice
             disrupted: ladder.unread || !checkable || ladder.session != session_after,
+            at_ms: crate::clock::now_ms(),
         }));
         ladder.unread = false;
         ladder.session = session_after;
@@ -272,7 +290,7 @@ async fn poll(
         let after = afters[i];
         let read = if readable { reads.get(i) } else { None };
         if let Some(observation) = together.as_ref().or(observed[i].as_ref()) {
-            let verdict = ladder.ledger.observe(observation, ACCOUNTING_RULES);
+            let verdict = ladder.ledger.observe(observation, accounting_rules(amqp));
             report(ladder, verdict, state);
         }
         if !readable {

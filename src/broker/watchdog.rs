@@ -13,6 +13,13 @@
 //! answer within that time is too (it asks the queue's leader). Both end the session: on another
 //! node the hop moves again, and what it held goes back to its queue when the connection closes.
 //!
+//! A node cut off from the rest of its cluster also answers those reads at once, from its own
+//! stale state (measured on 4.3: nothing ready, while the majority's new leaders held work for
+//! the ladder). So while a hop is quiet the watchdog also publishes a probe, at most every
+//! `PROBE_EVERY`, into the namespace's `N.watchdog` (a quorum queue that keeps one message):
+//! only a node that reaches a quorum confirms it. A probe not confirmed within
+//! `amqp.stall_timeout` ends the session as well.
+//!
 //! While the broker blocks publishers (a resource alarm, `connection.blocked`), waiting is
 //! expected and the same on every node: the watchdog then judges nothing.
 
@@ -30,6 +37,11 @@ use crate::model::progress::{Look, Progress};
 
 /// How often the watchdog looks.
 const TICK: Duration = Duration::from_millis(500);
+
+/// How often, at most, the watchdog publishes its probe while a hop is quiet: with
+/// `amqp.stall_timeout` (3 s by default) for its confirm, a node that cannot reach a quorum is
+/// left within about 4 s of the cut even when nothing is in flight. A busy ladder sends none.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A hop whose publishes the broker refused (nacked, or returned) this recently is answered,
 /// not cut off: the relay retries a refused publish after up to 30 s, and another node would
@@ -52,6 +64,8 @@ pub async fn watch(
     let mut refusals: Vec<[(u64, Option<u64>); 3]> = ladders.iter().map(|_| Default::default()).collect();
     let mut reported: Option<String> = None;
     let mut channel: Option<Channel> = None;
+    let mut probed_at: Option<tokio::time::Instant> = None;
+    let probe_queue = ladders.first().map(|l| l.names.watchdog.clone());
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -71,6 +85,31 @@ pub async fn watch(
             }
             continue;
         }
+        let any_quiet = ladders.iter().zip(progress.iter()).any(|(ladder, hops)| {
+            Hop::ALL.into_iter().zip(hops.iter()).any(|(hop, p)| {
+                let metrics = ladder.metrics.hop(hop);
+                metrics.in_flight.get() == 0 && p.last_activity() == Some(activity_of(metrics))
+            })
+        });
+        if let Some(queue) = probe_queue.as_deref()
+            && any_quiet
+            && probed_at.is_none_or(|at| at.elapsed() >= PROBE_EVERY)
+        {
+            probed_at = Some(tokio::time::Instant::now());
+            if let Err(e) = probe(connection, &mut channel, queue, stall_timeout).await {
+                if connection.is_blocked() {
+                    // an alarm came while the probe waited: its publish is held, not lost
+                    continue;
+                }
+                let reason = format!(
+                    "stalled: the node did not confirm a probe into {queue} within {}s: {e}",
+                    stall_timeout.as_secs_f64()
+                );
+                warn!("{reason}; moving to another node");
+                health.set_stalled(Some(reason.clone()));
+                return Err(reason);
+            }
+        }
         let mut refused_stall: Option<String> = None;
         for ((ladder, hops), refused) in ladders.iter().zip(progress.iter_mut()).zip(refusals.iter_mut()) {
             for ((hop, p), refused) in Hop::ALL.into_iter().zip(hops.iter_mut()).zip(refused.iter_mut()) {
@@ -79,10 +118,7 @@ pub async fn watch(
                 if refusals_now != refused.0 {
                     *refused = (refusals_now, Some(now_ms()));
                 }
-                let settled: u64 = metrics.duration.counts().iter().sum();
-                // deliveries received are no progress by themselves: a node cut off from the
-                // rest may hand out what its old leader still holds while it confirms nothing
-                let activity = settled + refusals_now;
+                let activity = activity_of(metrics);
                 let in_flight = u64::try_from(metrics.in_flight.get()).unwrap_or(0);
                 // read the queue only when the hop did not move and has nothing in flight: a
                 // moving hop is fine, and one with publishes in flight has work waiting anyway
@@ -142,6 +178,14 @@ pub async fn watch(
     }
 }
 
+/// What the broker answered a hop so far: deliveries settled (their publishes confirmed) and
+/// publishes refused or returned. Deliveries received are no progress by themselves: a node cut
+/// off from the rest may hand out what its old leader still holds while it confirms nothing.
+fn activity_of(metrics: &crate::metrics::HopMetrics) -> u64 {
+    let settled: u64 = metrics.duration.counts().iter().sum();
+    settled + metrics.publish_failures.get() + metrics.returned.get()
+}
+
 fn queue_of(ladder: &LadderRuntime, hop: Hop) -> &str {
     match hop {
         Hop::Intake => &ladder.names.intake_queue,
@@ -150,8 +194,42 @@ fn queue_of(ladder: &LadderRuntime, hop: Hop) -> &str {
     }
 }
 
-/// Ready messages in `queue`, read on the watchdog's channel (opened on first use, again after
-/// a 404 closed it): `Ok(None)` if the queue is missing, `Err` if the node did not answer in time.
+/// The watchdog's channel, in confirm mode: opened on first use, again after a 404 closed it.
+async fn open<'c>(connection: &Connection, channel: &'c mut Option<Channel>) -> Result<&'c Channel, String> {
+    if !channel.as_ref().is_some_and(Channel::is_open) {
+        let ch = connection.create_channel().await.map_err(|e| e.to_string())?;
+        ch.confirm_select().await.map_err(|e| e.to_string())?;
+        *channel = Some(ch);
+    }
+    channel.as_ref().ok_or_else(|| "no channel".to_string())
+}
+
+/// Publishes one probe into `queue` and waits for the broker's answer: `Ok` for any answer
+/// (confirmed, refused or returned: the node spoke for its cluster), `Err` if none came in time.
+async fn probe(
+    connection: &Connection,
+    channel: &mut Option<Channel>,
+    queue: &str,
+    within: Duration,
+) -> Result<(), String> {
+    let send = async {
+        let ch = open(connection, channel).await?;
+        let properties = ladder_amqp::BasicProperties {
+            delivery_mode: Some(2),
+            ..Default::default()
+        };
+        let confirm = ch
+            .basic_publish("", queue, true, &properties, b"")
+            .map_err(|e| e.to_string())?;
+        confirm.await.map(|_| ()).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(within, send)
+        .await
+        .unwrap_or_else(|_| Err("no answer".to_string()))
+}
+
+/// Ready messages in `queue`, read on the watchdog's channel: `Ok(None)` if the queue is
+/// missing, `Err` if the node did not answer in time.
 async fn read_ready(
     connection: &Connection,
     channel: &mut Option<Channel>,
@@ -159,10 +237,7 @@ async fn read_ready(
     within: Duration,
 ) -> Result<Option<u64>, String> {
     let read = async {
-        if !channel.as_ref().is_some_and(Channel::is_open) {
-            *channel = Some(connection.create_channel().await.map_err(|e| e.to_string())?);
-        }
-        let Some(ch) = channel.as_ref() else { return Ok(None) };
+        let ch = open(connection, channel).await?;
         match ch.queue_inspect(queue).await {
             Ok(info) => {
                 trace!(

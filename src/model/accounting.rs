@@ -146,6 +146,8 @@ pub struct Observation {
     /// Since the previous poll the service lost its session, a poll could not read the broker,
     /// or the service was not ready: what a shortfall is judged next is in doubt, not lost.
     pub disrupted: bool,
+    /// When the poll was taken (ms since the epoch, the caller's clock).
+    pub at_ms: u64,
 }
 
 impl Observation {
@@ -162,8 +164,10 @@ impl Observation {
             checkable: true,
             shared: false,
             disrupted: false,
+            at_ms: 0,
         };
         for o in ladders {
+            out.at_ms = out.at_ms.max(o.at_ms);
             out.before = out.before.plus(&o.before);
             out.after = out.after.plus(&o.after);
             out.checkable &= o.checkable;
@@ -181,6 +185,10 @@ pub struct Rules {
     pub tolerance: u64,
     /// Consecutive quiet polls a discrepancy must last before it is reported (at least 1).
     pub polls: usize,
+    /// And for how long at least (ms), from the first quiet poll that found it: longer than a
+    /// lost session takes to be noticed, so a shortfall that a partition causes before anything
+    /// noticed the partition is judged after the disruption, in doubt, not lost.
+    pub settle_ms: u64,
 }
 
 /// What one poll concluded.
@@ -252,6 +260,8 @@ pub struct Ledger {
     unaccounted: u64,
     /// The shortfall taken as in doubt (not lost) after a disruption.
     in_doubt: u64,
+    /// When (ms) the quiet polls first found the current shortfall.
+    short_since: Option<u64>,
     /// A disruption happened since the last judged shortfall: the next one is in doubt.
     doubt_pending: bool,
     last: Option<Verdict>,
@@ -275,6 +285,7 @@ impl Ledger {
             self.unaccounted = 0;
             self.in_doubt = 0;
             self.doubt_pending = false;
+            self.short_since = None;
             Verdict::Unchecked
         } else if !observation.checkable {
             Verdict::Unchecked
@@ -285,6 +296,7 @@ impl Ledger {
             match self.anchor {
                 None => {
                     self.anchor = Some(Anchor { balance });
+                    self.short_since = None;
                     self.recent.clear();
                     self.unaccounted = 0;
                     self.in_doubt = 0;
@@ -297,7 +309,7 @@ impl Ledger {
                     while self.recent.len() > polls {
                         self.recent.pop_front();
                     }
-                    self.judge(missing, balance, observation.waiting, rules.tolerance, polls)
+                    self.judge(missing, balance, observation, rules, polls)
                 }
             }
         };
@@ -305,11 +317,20 @@ impl Ledger {
         verdict
     }
 
-    fn judge(&mut self, missing: i128, balance: i128, waiting: u64, tolerance: u64, polls: usize) -> Verdict {
-        let tolerance = i128::from(tolerance);
+    fn judge(
+        &mut self,
+        missing: i128,
+        balance: i128,
+        observation: &Observation,
+        rules: Rules,
+        polls: usize,
+    ) -> Verdict {
+        let (waiting, tolerance) = (observation.waiting, i128::from(rules.tolerance));
         let full = self.recent.len() == polls;
         if missing > tolerance {
-            if full && self.recent.iter().all(|m| *m > tolerance) {
+            let since = *self.short_since.get_or_insert(observation.at_ms);
+            let settled = observation.at_ms.saturating_sub(since) >= rules.settle_ms;
+            if full && settled && self.recent.iter().all(|m| *m > tolerance) {
                 let least = clamp(self.recent.iter().copied().min().unwrap_or(missing));
                 if self.doubt_pending {
                     // the first shortfall judged after a disruption: in doubt, not lost
@@ -333,6 +354,7 @@ impl Ledger {
                 }
             }
         } else if missing < 0 && full && self.recent.iter().all(|m| *m < 0) && waiting == 0 {
+            self.short_since = None;
             let surplus = self.recent.iter().map(|m| -m).min().unwrap_or(0);
             if let Some(anchor) = self.anchor.as_mut() {
                 anchor.balance = balance;
@@ -345,6 +367,7 @@ impl Ledger {
                 surplus: clamp(surplus),
             }
         } else {
+            self.short_since = None;
             self.unaccounted = 0;
             if missing <= tolerance && (missing <= 0 || !self.doubt_pending) {
                 // balanced on a quiet poll: whatever was in doubt is accounted for
@@ -391,7 +414,11 @@ fn clamp(n: i128) -> u64 {
 mod tests {
     use super::*;
 
-    const RULES: Rules = Rules { tolerance: 0, polls: 3 };
+    const RULES: Rules = Rules {
+        tolerance: 0,
+        polls: 3,
+        settle_ms: 0,
+    };
 
     /// A ladder that took in `entered`, delivered `delivered` and parked `parked`, nothing in flight.
     fn counters(entered: u64, delivered: u64, parked: u64) -> Counters {
@@ -414,6 +441,7 @@ mod tests {
             checkable: true,
             shared: false,
             disrupted: false,
+            at_ms: 0,
         }
     }
 
@@ -537,7 +565,11 @@ mod tests {
 
     #[test]
     fn tolerance_hides_small_shortfalls() {
-        let rules = Rules { tolerance: 2, polls: 1 };
+        let rules = Rules {
+            tolerance: 2,
+            polls: 1,
+            settle_ms: 0,
+        };
         let mut l = Ledger::default();
         let c = counters(9, 0, 0);
         l.observe(&quiet(c, 9), rules);
@@ -648,6 +680,52 @@ mod tests {
         assert_eq!((l.unaccounted(), l.in_doubt()), (0, 0));
         // a loss now, with no disruption, is an alarm again
         assert_eq!(repeat(&mut l, quiet(c, 97), 3)[2], Verdict::Unaccounted { missing: 3 });
+    }
+
+    #[test]
+    fn a_shortfall_found_before_the_partition_was_noticed_is_in_doubt_not_lost() {
+        // polls a second apart; a shortfall is judged once it lasted 10 s
+        let rules = Rules {
+            settle_ms: 10_000,
+            ..RULES
+        };
+        let at = |c, waiting, s: u64| Observation {
+            at_ms: s * 1000,
+            ..quiet(c, waiting)
+        };
+        let mut l = Ledger::default();
+        let c = counters(100, 0, 0);
+        l.observe(&at(c, 100, 0), rules);
+        assert_eq!(l.observe(&at(c, 100, 1), rules), Verdict::Anchored);
+        // a cut nobody noticed yet: the node answers stale depths, 3 seem missing, for 4 quiet
+        // polls — more than `polls`, less than the settle time
+        for s in 2..6 {
+            assert_eq!(
+                l.observe(&at(c, 97, s), rules),
+                Verdict::Suspect { missing: 3 },
+                "at {s} s"
+            );
+        }
+        assert_eq!(
+            (l.unaccounted(), l.in_doubt()),
+            (0, 0),
+            "no alarm before the settle time"
+        );
+        // the lost session is noticed (a disruption), and after it the shortfall is in doubt
+        let lost = Observation {
+            disrupted: true,
+            checkable: false,
+            ..at(c, 97, 6)
+        };
+        assert_eq!(l.observe(&lost, rules), Verdict::Unchecked);
+        let later: Vec<Verdict> = (7..14).map(|s| l.observe(&at(c, 97, s), rules)).collect();
+        assert_eq!(later.last(), Some(&Verdict::InDoubt { missing: 3 }), "{later:?}");
+        assert_eq!(l.unaccounted(), 0);
+        // they turn up: balanced; a real loss later, with no disruption, is an alarm once settled
+        assert_eq!(l.observe(&at(c, 100, 14), rules), Verdict::Balanced);
+        let loss: Vec<Verdict> = (15..27).map(|s| l.observe(&at(c, 99, s), rules)).collect();
+        assert_eq!(loss[9], Verdict::Suspect { missing: 1 }, "{loss:?}");
+        assert_eq!(loss[10], Verdict::Unaccounted { missing: 1 }, "{loss:?}");
     }
 
     #[test]

@@ -18,6 +18,10 @@ pub struct Names {
     /// for no ladder the namespace serves (a retired ladder, or a message put straight into a
     /// tier): a quarantine, kept for the operator.
     pub stray: String,
+    /// `N.watchdog`: the quorum queue (holding at most one message, consumed by nobody) the
+    /// session's watchdog publishes a probe into while the hops are quiet: a node that cannot
+    /// reach a quorum confirms none, though it still answers reads from its own stale state.
+    pub watchdog: String,
     /// What this ladder's tier queues' names end in: empty for quorum tiers that dead-letter
     /// at-least-once (the default), `.at-most-once` or `.classic` otherwise; ladders share a
     /// tier queue only when its arguments are the same.
@@ -57,6 +61,7 @@ impl Names {
             prefix: format!("{namespace}."),
             shared_due: format!("{namespace}.due"),
             stray: format!("{namespace}.stray"),
+            watchdog: format!("{namespace}.watchdog"),
             tier_family: "",
             intake_queue: format!("{base}.intake"),
             next_exchange: format!("{base}.next"),

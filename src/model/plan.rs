@@ -208,6 +208,7 @@ pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersi
             kind: "headers",
             args: vec![("alternate-exchange", ArgValue::Str(names.stray.clone()))],
         },
+        watchdog_queue(namespace),
     ];
     for spec in ladders {
         let names = Names::of(namespace, spec);
@@ -223,6 +224,21 @@ pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersi
         }
     }
     out
+}
+
+/// `N.watchdog`, where the session's watchdog publishes its probe (`broker::watchdog`): a
+/// quorum queue on every broker, whatever the ladders' queue type, as only a replicated write
+/// tells a node that can reach its cluster from one that cannot; it keeps at most one message
+/// (each probe drops the one before), and nobody consumes it.
+pub fn watchdog_queue(namespace: &str) -> Declaration {
+    Declaration::Queue {
+        name: Names::new(namespace, "").watchdog,
+        args: vec![
+            ("x-queue-type", ArgValue::Str("quorum".into())),
+            ("x-max-length", ArgValue::Int(1)),
+        ],
+        older: None,
+    }
 }
 
 /// `N.topology`, the namespace's record of what it declared (`model::drift`): a stream kept by
