@@ -466,9 +466,10 @@ async fn settle(
             let arrival = Arrival {
                 now_ms: now,
                 routing_key: delivery.routing_key.as_bytes(),
-                // only the intake spreads a delay, and only when the ladder has a spread (a
-                // thread-local draw per retry otherwise thrown away)
-                draw: if hop == Hop::Intake && ladder.spec.spread().is_some() {
+                // only a ladder with a spread draws (a thread-local draw per retry otherwise
+                // thrown away): at the intake, and at the due hop for a repeat failure routed
+                // there all the same (routed before the ladder had jitter)
+                draw: if (hop == Hop::Intake || routed.is_some()) && ladder.spec.spread().is_some() {
                     fastrand::f64()
                 } else {
                     0.5

@@ -395,11 +395,27 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     out.push(headers(&names.next_exchange, &names.first_exchange));
     let next = |value: &str| next_match(&spec.name, value);
     for tier in &spec.steps {
-        out.push(matching(
-            &names.next_exchange,
-            &names.tier_queue(tier),
-            next(&tier.name),
-        ));
+        let route = matching(&names.next_exchange, &names.tier_queue(tier), next(&tier.name));
+        if spec.spread().is_none() {
+            out.push(route);
+        } else if let Declaration::Binding {
+            exchange,
+            queue,
+            key,
+            args,
+            ..
+        } = route
+        {
+            // a jittered ladder's repeat failures take the intake, which draws their delay: a
+            // route of before (the ladder had no jitter then), or a forged `retry-next`, must not
+            // skip the draw
+            out.push(Declaration::Unbinding {
+                exchange,
+                queue,
+                key,
+                args,
+            });
+        }
         out.push(Declaration::Unbinding {
             exchange: names.next_exchange.clone(),
             queue: names.own_tier_queue_named(&tier.name),
@@ -633,6 +649,22 @@ mod tests {
         let plain = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         assert_eq!(plain.next_route(1).map(|t| t.name.as_str()), Some("1h"));
         assert_eq!(plain.next_route(3), None, "its next failure would exhaust the ladder");
+        // and N.L.next routes none of its steps: a route of before, or a forged retry-next,
+        // falls through to the intake, which draws
+        let lines: Vec<String> = plan_ladder(&Names::of("ns", &s), &s, BrokerVersion::LATEST)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        for tier in ["10s", "1h"] {
+            let route =
+                format!("ns.orders.next -> ns.delay.{tier} key=\"\" x-match=all retry-ladder=orders retry-next={tier}");
+            assert!(!lines.contains(&format!("binding  {route}")), "{lines:#?}");
+            assert!(lines.contains(&format!("unbind   {route}")), "{lines:#?}");
+        }
+        assert!(lines.contains(
+            &"binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake"
+                .to_string()
+        ));
     }
 
     #[test]

@@ -259,6 +259,9 @@ impl<'a> HopContext<'a> {
         // comes back as received is a retry, not another scheduled delivery
         out.remove(header::X_DELAY);
         out.remove(header::DELAY_UNTIL);
+        // a delivered retry republished with a delay carries where its next failure was to
+        // wait: the scheduled wait must come due as a delivery, not as a routed failure
+        out.remove(header::RETRY_NEXT);
         move_user_id(props, &mut out);
         out.set(header::RETRY_SCHEDULED, FieldValue::Boolean(true));
         out.set(header::RETRY_LADDER, long_string(&self.spec.name));

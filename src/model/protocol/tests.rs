@@ -1404,3 +1404,39 @@ fn a_routed_failure_that_asks_for_a_scheduled_delivery_gets_the_intakes_schedule
         Some(&FieldValue::Boolean(true))
     );
 }
+
+#[test]
+fn a_scheduled_wait_drops_retry_next_and_comes_due_as_a_delivery() {
+    let f = fixture();
+    // a delivered retry (it carries where its next failure waits) published back with a delay
+    let back = props(&[
+        ("retry-to", long_string("orders")),
+        ("retry-attempt", FieldValue::LongLongInt(1)),
+        ("retry-ladder", long_string("default")),
+        ("retry-next", long_string("500ms")),
+        ("x-delay", FieldValue::LongInt(2_000)),
+    ]);
+    let wait = forward(f.ctx().intake(&back, NOW));
+    assert_eq!(
+        (wait.kind, wait.attempt),
+        (ForwardKind::Wait, 0),
+        "a scheduled delivery"
+    );
+    assert_eq!(
+        header(&wait.properties, "retry-next"),
+        None,
+        "the wait is no routed failure"
+    );
+    // the same at the due hop, for one routed there: its schedule carries no retry-next either
+    let routed = forward(f.ctx().due(&back, NOW));
+    assert_eq!(header(&routed.properties, "retry-next"), None);
+    // so when the wait is over it is delivered as scheduled, not taken in as a failure again
+    let due = forward(f.ctx().due(&wait.properties, wait.due_at_ms));
+    assert_eq!(due.kind, ForwardKind::Deliver);
+    assert_eq!(due.routing_key, "orders");
+    assert_eq!(
+        header(&due.properties, "retry-scheduled"),
+        None,
+        "delivered as it was published"
+    );
+}
