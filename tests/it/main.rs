@@ -30,4 +30,5 @@ mod retune;
 mod scheduled;
 mod security;
 mod shared;
+mod source_size;
 mod traces;
