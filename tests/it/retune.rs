@@ -1,8 +1,10 @@
 //! Re-tuning a ladder as the platform team does (the book's operations/changing-a-ladder.md):
 //! a tier taken out of a ladder keeps its promise and is shown while it drains (`ladder
 //! check`, `ladder plan`, the log's state, `/api/ladders`), `ladder prune` removes it only once
-//! it is empty; a retired ladder is pruned whole, never another namespace's objects nor what the
-//! config uses; SIGHUP reloads the files without a restart, losing and doubling nothing.
+//! it is empty (`--wait` waits for it to drain); a retired ladder is pruned whole, never another
+//! namespace's objects nor what the config uses; an object the broker holds with other arguments
+//! is named by check and plan; SIGHUP reloads the files without a restart, losing and doubling
+//! nothing (a removed ladder's waiting retries wait in its due queue until its file is back).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -71,7 +73,7 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     let dest = t.declare_queue("dest", FieldTable::new()).await;
     let old_tier = format!("{}.delay.8s", t.ns);
     t.track_queue(&old_tier);
-    let ids: HashSet<String> = (0..20).map(|i| format!("m{i}")).collect();
+    let mut ids: HashSet<String> = (0..20).map(|i| format!("m{i}")).collect();
     for id in &ids {
         t.publish(&t.intake(), "", b"x", failure(id, &dest)).await;
     }
@@ -134,7 +136,12 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
         out(&plan)
     );
 
-    // refused while it holds messages: kept as it is, exit 75
+    // refused while it holds messages: kept as it is, exit 75. What has waited since before the
+    // restart may have drained by now on a slow machine, so one more retry is put straight into
+    // the retired tier (as a replica with the old config would): it waits there its whole 8 s,
+    // so the tier certainly still holds it when the two commands below look
+    put_into_tier(&t.channel, &old_tier, "probe", &dest).await;
+    ids.insert("probe".into());
     let dry = run_ladder(&path, &["prune", "--dry-run"], &[]).await;
     assert!(
         String::from_utf8_lossy(&dry.stdout).contains(&format!("would keep   queue {old_tier}: holds")),
@@ -142,14 +149,13 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
         out(&dry)
     );
     let refused = run_ladder(&path, &["prune"], &[]).await;
-    if depth(&t.client, &old_tier).await.is_some_and(|(n, _)| n > 0) {
-        assert_eq!(refused.status.code(), Some(75), "{}", out(&refused));
-        assert!(
-            String::from_utf8_lossy(&refused.stdout).contains("holds"),
-            "{}",
-            out(&refused)
-        );
-    }
+    assert_eq!(refused.status.code(), Some(75), "{}", out(&refused));
+    assert!(
+        String::from_utf8_lossy(&refused.stdout).contains(&format!("kept    queue {old_tier}: holds")),
+        "{}",
+        out(&refused)
+    );
+    assert!(depth(&t.client, &old_tier).await.is_some(), "the refused tier is kept");
 
     // the old tier keeps its promise; once drained, prune --wait deletes it
     receive_each_once(&mut consumer, &ids, WAIT).await;
@@ -173,6 +179,96 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     // a new failure still takes the new ladder's way
     t.publish(&t.intake(), "", b"x", failure("after", &dest)).await;
     receive_each_once(&mut consumer, &HashSet::from(["after".to_string()]), WAIT).await;
+}
+
+/// Puts a retry for `destination` straight into the tier queue `tier`, as a relay with a config
+/// that still has the tier does: it waits the tier's TTL, comes due through `N.due` to ladder
+/// `default` and is delivered.
+async fn put_into_tier(channel: &ladder_amqp::Channel, tier: &str, id: &str, destination: &str) {
+    let mut headers = FieldTable::new();
+    headers.set("retry-to", text(destination));
+    headers.set("retry-ladder", text("default"));
+    let props = BasicProperties::default()
+        .with_message_id(id)
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    publish(channel, "", tier, b"x", props).await;
+}
+
+/// `ladder prune --wait` started while a retired tier still holds retries: it neither deletes
+/// the tier nor exits while they wait, deletes it once they left it (exit 0), and every one of
+/// them is delivered once.
+#[tokio::test]
+async fn prune_wait_waits_for_a_retired_tier_to_drain_then_deletes_it() {
+    let mut t = TestLadder::configure(
+        "prunewait",
+        "backoff = [\"3s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n",
+    )
+    .await;
+    t.start_service().await;
+    let dest = t.declare_queue("dest", FieldTable::new()).await;
+    let old_tier = format!("{}.delay.3s", t.ns);
+    t.track_queue(&old_tier);
+    let mut ids: HashSet<String> = (0..10).map(|i| format!("m{i}")).collect();
+    for id in &ids {
+        t.publish(&t.intake(), "", b"x", failure(id, &dest)).await;
+    }
+    eventually("10 retries wait in the 3 s tier", WAIT, async || {
+        (depth(&t.client, &old_tier).await == Some((10, 0))).then_some(())
+    })
+    .await;
+    t.stop_service().await;
+    let path = write_config(
+        t.dir.path(),
+        &t.ns,
+        "",
+        "default",
+        "backoff = [\"1s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n",
+    );
+    t.config = Arc::new(ladder::config::load(&path, &HashMap::new()).unwrap());
+    t.start_service().await;
+    let mut consumer = t.consume(&dest).await;
+
+    // one more retry, put in just now: the tier holds it for 3 s from here
+    put_into_tier(&t.channel, &old_tier, "probe", &dest).await;
+    let put_at = std::time::Instant::now();
+    ids.insert("probe".into());
+    let mut prune = tokio::process::Command::from(ladder_command(&path));
+    prune
+        .args(["prune", "--wait", "20s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut prune = prune.spawn().expect("ladder prune runs");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        prune.try_wait().unwrap().is_none(),
+        "prune --wait ended while the tier still held a retry"
+    );
+    assert!(
+        depth(&t.client, &old_tier).await.is_some_and(|(n, _)| n > 0),
+        "the tier is kept while it holds retries"
+    );
+
+    let pruned = tokio::time::timeout(WAIT, prune.wait_with_output())
+        .await
+        .expect("prune --wait ends within the wait")
+        .unwrap();
+    let waited = put_at.elapsed();
+    assert_eq!(pruned.status.code(), Some(0), "{}", out(&pruned));
+    let stdout = String::from_utf8_lossy(&pruned.stdout);
+    assert!(
+        stdout.contains(&format!("deleted queue {old_tier}")),
+        "{}",
+        out(&pruned)
+    );
+    assert!(!stdout.contains("kept"), "{}", out(&pruned));
+    // the tier could only be empty once the probe had waited its 3 s
+    assert!(waited >= Duration::from_secs(3), "prune --wait ended after {waited:?}");
+    assert_eq!(depth(&t.client, &old_tier).await, None, "the retired tier is gone");
+    assert!(depth(&t.client, &format!("{}.delay.1s", t.ns)).await.is_some());
+    // nothing it held was lost: every retry arrives, once
+    receive_each_once(&mut consumer, &ids, WAIT).await;
 }
 
 /// A ladder whose file is gone: prune keeps it whole while its intake holds a message, then
@@ -204,6 +300,28 @@ async fn a_retired_ladder_is_pruned_whole_and_nothing_else() {
         BasicProperties::default(),
     )
     .await;
+
+    // check lists the retired ladder's objects, what waits in them, and that nobody serves it
+    let check = run_ladder(&path, &["check"], &[]).await;
+    assert_eq!(check.status.code(), Some(0), "{}", out(&check));
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains(&format!(
+            "  retired queue {ns}.b.intake (ladder b (retired), intake): 1 message(s) — 1 message(s) wait and no replica serves ladder b"
+        )),
+        "{}",
+        out(&check)
+    );
+    assert!(
+        text.contains(&format!("  retired exchange {ns}.b (ladder b (retired), ")),
+        "{}",
+        out(&check)
+    );
+    assert!(
+        !text.contains(&format!("{ns}.a.")) && !text.contains(&other),
+        "only the retired ladder b: {}",
+        out(&check)
+    );
 
     let refused = run_ladder(&path, &["prune"], &[]).await;
     assert_eq!(refused.status.code(), Some(75), "{}", out(&refused));
@@ -417,6 +535,13 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
     assert_eq!(retired, [format!("{ns}.delay.2s")], "{ladders}");
     let page = get(&admin, "/?refresh=off").await;
     assert!(page.contains("Retired and differing topology") && page.contains(&format!("{ns}.delay.2s")));
+    // the log says it too, once the reload declared the new config (before the state above)
+    let log = running.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" WARN ") && l.contains("retired: ") && l.contains(&format!("object={ns}.delay.2s"))),
+        "{log}"
+    );
 
     // a broken file: the running config stays, the log says why, the metric counts it
     std::fs::write(dir.path().join("ladders/broken.toml"), "backoff = [").unwrap();
@@ -460,6 +585,151 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
     .await;
 }
 
+/// SIGHUP after a ladder's file was removed, while retries of that ladder wait in its tier: the
+/// ladder is retired (`/api/ladders`, the web page, the log, `ladder check`), its retries are
+/// neither lost nor delivered twice, and `ladder prune` keeps what holds them.
+///
+/// Where they wait is what the code does today: they come due through `N.due` into the removed
+/// ladder's own due queue `N.u.due` (its binding there stays until the queue is pruned), which
+/// no replica serves; `ladder check` counts them there and says to put the file back, and once
+/// it is back (another SIGHUP) each is delivered once. They do not reach `N.stray` and the
+/// first ladder's due hop while `N.u.due` exists.
+#[tokio::test]
+async fn sighup_that_removes_a_ladder_retires_it_and_loses_none_of_its_retries() {
+    let ns = unique_namespace("unload");
+    let dir = tempfile::tempdir().unwrap();
+    let kept = "backoff = [\"1s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n";
+    let removed = "backoff = [\"3s\"]\nmax_attempts = 3\nallow = [\"^{ns}-\"]\n";
+    write_config(dir.path(), &ns, ADMIN_ANY_PORT, "u", removed);
+    let path = write_config(dir.path(), &ns, ADMIN_ANY_PORT, "t", kept);
+    // both ladders, and the 3 s tier only u uses
+    let _cleanup = Cleanup::for_config(&path);
+
+    let conn = connect().await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let dest = format!("{ns}-dest");
+    let options = ladder_amqp::QueueOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(&dest, options, FieldTable::new()).await.unwrap();
+    let _dest_cleanup = DeleteQueue(dest.clone());
+    let running = Running::spawn(&path, dir.path().join("run.log"));
+    let admin = running.admin().await;
+    eventually("ready", WAIT, async || {
+        (get(&admin, "/ready").await.trim() == "ready").then_some(())
+    })
+    .await;
+    let mut consumer = consume(&conn, &dest).await;
+    let reloads = async |n: u32| {
+        let applied = format!("ladder_config_reloads_total{{result=\"applied\"}} {n}");
+        eventually(&format!("{n} reload(s) applied"), WAIT, async || {
+            get(&admin, "/metrics").await.contains(&applied).then_some(())
+        })
+        .await;
+    };
+
+    // retries of u wait in its 3 s tier when its file goes
+    let tier = format!("{ns}.delay.3s");
+    let u_due = format!("{ns}.u.due");
+    let ids: HashSet<String> = (0..20).map(|i| format!("u-{i}")).collect();
+    for id in &ids {
+        publish(&ch, &format!("{ns}.u"), "", b"x", failure(id, &dest)).await;
+    }
+    eventually("20 retries of u wait in its tier", WAIT, async || {
+        (depth(&conn, &tier).await == Some((20, 0))).then_some(())
+    })
+    .await;
+    std::fs::remove_file(dir.path().join("ladders/u.toml")).unwrap();
+    running.signal("HUP");
+    reloads(1).await;
+
+    // u is retired: listed with its objects, no longer served
+    eventually_ok("/api/ladders lists u as retired", WAIT, async || {
+        let body = get(&admin, "/api/ladders").await;
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        let names: Vec<&str> = v["ladders"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|l| l["name"].as_str()).collect())
+            .unwrap_or_default();
+        let retired = v["drift"]["retired"].as_array().cloned().unwrap_or_default();
+        let of_u = |name: &str| {
+            retired
+                .iter()
+                .any(|r| r["name"] == name && r["ladder"] == "u" && r["ladder_retired"] == true)
+        };
+        let tier_retired = retired.iter().any(|r| r["name"] == tier.as_str());
+        if names == ["t"] && of_u(&format!("{ns}.u.intake")) && of_u(&u_due) && of_u(&format!("{ns}.u")) && tier_retired
+        {
+            Ok(())
+        } else {
+            Err(body)
+        }
+    })
+    .await;
+    let page = get(&admin, "/?refresh=off").await;
+    assert!(
+        page.contains("data-retired-ladder=\"u\"") && page.contains("u (retired)"),
+        "{page}"
+    );
+    let log = running.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(" WARN ") && l.contains("retired: ") && l.contains(&format!("object={ns}.u.intake"))),
+        "{log}"
+    );
+
+    // the retries come due into u's due queue, where they wait: none delivered, none lost
+    eventually_ok("u's retries left the tier for its due queue", WAIT, async || {
+        let seen = (depth(&conn, &tier).await, depth(&conn, &u_due).await);
+        if seen == (Some((0, 0)), Some((20, 0))) {
+            Ok(())
+        } else {
+            Err(format!("{tier}, {u_due}: {seen:?}"))
+        }
+    })
+    .await;
+    assert!(
+        next_within(&mut consumer, Duration::from_millis(500)).await.is_none(),
+        "a retry of the removed ladder was delivered"
+    );
+    let check = run_ladder(&path, &["check"], &[]).await;
+    assert_eq!(check.status.code(), Some(0), "{}", out(&check));
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains(&format!(
+            "  retired queue {u_due} (ladder u (retired), due): 20 message(s) — 20 message(s) wait and no replica serves ladder u"
+        )) && text.contains(&format!("  retired queue {tier} (shared by the namespace's ladders, delay.3s)")),
+        "{}",
+        out(&check)
+    );
+    let refused = run_ladder(&path, &["prune"], &[]).await;
+    assert_eq!(refused.status.code(), Some(75), "{}", out(&refused));
+    assert_eq!(depth(&conn, &u_due).await, Some((20, 0)), "prune kept them");
+
+    // the file back: each is delivered once
+    std::fs::write(
+        dir.path().join("ladders/u.toml"),
+        with_test_levels(&removed.replace("{ns}", &ns)),
+    )
+    .unwrap();
+    running.signal("HUP");
+    reloads(2).await;
+    receive_each_once(&mut consumer, &ids, WAIT).await;
+
+    // t was served throughout
+    publish(&ch, &format!("{ns}.t"), "", b"x", failure("t-after", &dest)).await;
+    receive_each_once(&mut consumer, &HashSet::from(["t-after".to_string()]), WAIT).await;
+    running.signal("TERM");
+    let _ = tokio::time::timeout(WAIT, async {
+        while !running.log().contains("stopped") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+}
+
 /// Deletes a queue at drop.
 struct DeleteQueue(String);
 
@@ -467,4 +737,81 @@ impl Drop for DeleteQueue {
     fn drop(&mut self) {
         delete_all_blocking(vec![self.0.clone()], vec![]);
     }
+}
+
+/// An object the config declares that the broker holds with other arguments (here a tier
+/// declared by hand with a 5 s TTL where the config says 1 s): `ladder check` and `ladder plan`
+/// name it and say what differs, in the broker's words; neither declares anything.
+#[tokio::test]
+async fn check_and_plan_show_an_object_whose_arguments_differ_from_the_config() {
+    let ns = unique_namespace("differ");
+    let dir = tempfile::tempdir().unwrap();
+    let ladder = "backoff = [\"1s\"]\nmax_attempts = 2\nqueue_type = \"classic\"\nallow = [\"^x$\"]\n";
+    let path = write_config(dir.path(), &ns, "", "a", ladder);
+    // the planned names, the hand-made tier among them
+    let _cleanup = Cleanup::for_config(&path);
+    let config = ladder::config::load(&path, &HashMap::new()).unwrap();
+    let spec = &config.ladders[0];
+    // N.delay.1s.classic: a classic tier is shared only with other classic ones
+    let tier = ladder::model::names::Names::of(&ns, spec).tier_queue(&spec.tiers[0]);
+    let _tier_cleanup = DeleteQueue(tier.clone());
+    let conn = connect().await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::new();
+    args.set("x-queue-type", ladder_amqp::FieldValue::string("classic"));
+    args.set("x-message-ttl", ladder_amqp::FieldValue::LongLongInt(5_000));
+    args.set(
+        "x-dead-letter-exchange",
+        ladder_amqp::FieldValue::string(&format!("{ns}.due")),
+    );
+    let options = ladder_amqp::QueueOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(&tier, options, args).await.unwrap();
+
+    let check = run_ladder(&path, &["check"], &[]).await;
+    assert_eq!(check.status.code(), Some(0), "{}", out(&check));
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains("0 retired, 1 differing from the config"),
+        "{}",
+        out(&check)
+    );
+    let differs = text
+        .lines()
+        .find(|l| l.starts_with(&format!("  differs queue {tier}: ")))
+        .unwrap_or_else(|| panic!("no differs line for {tier}\n{}", out(&check)));
+    // what differs, as the broker said it: the argument, and both values
+    assert!(
+        differs.contains("x-message-ttl") && differs.contains("1000") && differs.contains("5000"),
+        "{differs}"
+    );
+
+    let plan = run_ladder(&path, &["plan"], &[]).await;
+    assert_eq!(plan.status.code(), Some(0), "{}", out(&plan));
+    let stderr = String::from_utf8_lossy(&plan.stderr);
+    assert!(
+        stderr.contains("0 retired, 1 differing from the config")
+            && stderr.contains(&format!("#   differs queue {tier}: "))
+            && stderr.contains("x-message-ttl"),
+        "{}",
+        out(&plan)
+    );
+    assert!(
+        !String::from_utf8_lossy(&plan.stdout).contains("differs"),
+        "stdout stays the declarations: {}",
+        out(&plan)
+    );
+
+    // looking declared nothing and changed nothing: the ladder's queues do not exist, the tier
+    // keeps its 5 s (a declare with the config's 1 s is still refused)
+    assert_eq!(depth(&conn, &format!("{ns}.a.intake")).await, None);
+    assert_eq!(depth(&conn, &format!("{ns}.topology")).await, None);
+    let again = run_ladder(&path, &["check"], &[]).await;
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("0 retired, 1 differing from the config"),
+        "{}",
+        out(&again)
+    );
 }
