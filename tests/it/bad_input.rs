@@ -182,6 +182,116 @@ fn bad_rows(ns: &str, orders: &str) -> Vec<Row> {
     ]
 }
 
+/// How the detail of a delay beyond the longest one ends: the limit, 49 days in ms.
+const BEYOND: &str = "beyond the longest delay (4233600000 ms, 49 days)";
+
+/// 50 days in ms: past the limit.
+const FIFTY_DAYS_MS: i64 = 50 * 24 * 3600 * 1000;
+
+/// One way a delay beyond the longest enters: the header `header` set to `value` on a message
+/// published to the `hop` (`intake`: the ladder's exchange; `due`: its due queue), parked with
+/// `reason` and a detail that starts with `starts`.
+struct TooFar {
+    id: &'static str,
+    hop: &'static str,
+    header: &'static str,
+    value: FieldValue,
+    reason: &'static str,
+    starts: &'static str,
+}
+
+/// A delay beyond the longest one (49 days), wherever it enters, is parked at once with the
+/// limit in the detail: a `retry-delay` on intake as `invalid-header`; a scheduled delivery's
+/// `x-delay` or `delay-until` on intake, and a `retry-due-at` forged on a message published
+/// straight into the ladder's due queue (as anyone with `write` there could), as
+/// `invalid-delay`. None waits in the levels first. A ladder with delay levels, which is where
+/// a due time is honoured at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_beyond_the_longest_is_refused_where_it_enters_naming_the_limit() {
+    let mut t = TestLadder::start(
+        "toolong",
+        "exact_delays = true\nqueue_type = \"classic\"\nbackoff = [\"1s\"]\nallow = [\"^{ns}-\"]",
+    )
+    .await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let ahead = || FieldValue::LongLongInt(now_ms() as i64 + FIFTY_DAYS_MS);
+    let case = |id, hop, header, value, reason, starts| TooFar {
+        id,
+        hop,
+        header,
+        value,
+        reason,
+        starts,
+    };
+    let cases = [
+        case(
+            "retry-delay",
+            "intake",
+            "retry-delay",
+            FieldValue::LongLongInt(FIFTY_DAYS_MS),
+            "invalid-header",
+            "retry-delay is 4320000000 ms, ",
+        ),
+        case(
+            "x-delay",
+            "intake",
+            "x-delay",
+            FieldValue::LongLongInt(FIFTY_DAYS_MS),
+            "invalid-delay",
+            "x-delay of 4320000000 ms is ",
+        ),
+        case(
+            "delay-until",
+            "intake",
+            "delay-until",
+            ahead(),
+            "invalid-delay",
+            "delay-until of ",
+        ),
+        case(
+            "forged-due-at",
+            "due",
+            "retry-due-at",
+            ahead(),
+            "invalid-delay",
+            "retry-due-at is ",
+        ),
+    ];
+    let due_queue = ladder::model::names::Names::new(&t.ns, &t.ladder).due;
+    for c in &cases {
+        let mut table = FieldTable::default();
+        table.set("retry-to", text(&orders));
+        table.set(c.header, c.value.clone());
+        let props = BasicProperties::default().with_message_id(c.id).with_headers(table);
+        match c.hop {
+            "intake" => t.publish(&t.intake(), "", c.id.as_bytes(), props).await,
+            _ => t.publish("", &due_queue, c.id.as_bytes(), props).await,
+        }
+    }
+    let parked = t.parked(cases.len()).await;
+    for c in &cases {
+        let id = c.id;
+        let e = parked
+            .iter()
+            .find(|e| e.message.properties().unwrap().message_id.as_ref().unwrap().to_str() == Some(id))
+            .unwrap_or_else(|| panic!("{id} was not parked: {parked:?}"));
+        assert_eq!(e.reason, c.reason, "{id}: {}", e.detail);
+        assert_eq!(e.hop, c.hop, "{id}");
+        assert!(e.detail.starts_with(c.starts), "{id}: {}", e.detail);
+        assert!(e.detail.ends_with(BEYOND), "{id}: {}", e.detail);
+        assert_eq!(e.destination.as_deref(), Some(orders.as_str()), "{id}");
+        assert_eq!(e.message.body().unwrap(), id.as_bytes(), "{id}");
+    }
+    t.assert_nothing_parked_after(cases.len()).await;
+    assert!(
+        next_within(&mut consumer, std::time::Duration::from_millis(500))
+            .await
+            .is_none(),
+        "a delay beyond the longest was delivered"
+    );
+}
+
 /// Properties of a good failure: it names an allowed, declared queue.
 fn good_props(id: &str, orders: &str) -> BasicProperties {
     retry_props(orders, None).with_message_id(id)
@@ -299,6 +409,16 @@ async fn every_bad_input_is_parked_with_its_reason_and_the_service_keeps_serving
     assert_eq!(e.attempts, Some(3));
     let (e, _) = by_name("headers above max_header_bytes");
     assert!(e.detail.contains("max_header_bytes"), "{}", e.detail);
+    // a delay beyond the longest is refused at once, and the detail names the limit
+    for name in ["retry-delay is a year", "retry-delay is i64::MAX ms"] {
+        let (e, _) = by_name(name);
+        assert!(
+            e.detail.starts_with("retry-delay is ") && e.detail.ends_with(BEYOND),
+            "{name}: {}",
+            e.detail
+        );
+        assert_eq!(e.destination.as_deref(), Some(orders.as_str()), "{name}");
+    }
 
     // the good messages went through, and nothing bad followed them
     let mut delivered = HashSet::new();
