@@ -44,7 +44,7 @@
 //!   as missing. A delivery whose ack was lost comes back as a duplicate: a persistent *surplus*
 //!   (more found than counted) becomes the new anchor, so it cannot hide a later loss. Polls
 //!   while the service is not ready are skipped, the anchor kept.
-//! - A failure the broker routes straight into a wait (`retry-next`, or `N.L.first.<tier>`)
+//! - A failure the broker routes straight into a wait (by its `retry-next`, through `N.L.next`)
 //!   enters the ladder when it comes due, at the due hop: until then it waits uncounted, a
 //!   surplus. So a surplus becomes the new anchor only on a poll that finds nothing waiting
 //!   (no uncounted failure can hide then); before, it is balanced. A duplicate made while

@@ -385,7 +385,7 @@ impl Arrival<'static> {
 /// A failure the broker routed straight into a wait (see [`HopContext::routed_failure`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedFailure {
-    /// The ladder's queue it waited in (`N.L.delay.<retry-next>`).
+    /// The tier queue it waited in (`N.delay.<retry-next>`, shared by the namespace's ladders).
     pub queue: Option<String>,
     /// How long it waited before it came due: the TTL of that tier (0 when `retry-next` names
     /// none).
