@@ -59,6 +59,11 @@ pub struct NativeArgs {
     /// --smoke: 1).
     #[arg(long)]
     pub rounds: Option<u32>,
+    /// A `rabbitmqctl` for the node (e.g. `scripts/broker ctl 4.3 1`): each window's broker
+    /// operations are then counted from the node's global counters (publishes, enqueues by
+    /// dead-lettering, deliveries, acks) and reported per retry.
+    #[arg(long)]
+    pub ctl: Option<String>,
 }
 
 /// `ladder-bench outage`.
@@ -114,16 +119,109 @@ pub struct Window {
     pub settle_s: f64,
     /// The share of the machine's CPU the hypervisor stole meanwhile, %.
     pub steal_pct: f64,
+    /// The broker's operations during the window (with `--ctl`): its global counters' growth.
+    pub ops: Ops,
 }
 
 impl Window {
-    fn per_10k(&self, cpu_s: f64) -> f64 {
-        if self.retries == 0 {
-            0.0
+    /// What the window's CPU is counted per: its retries; for the plain side, its messages.
+    fn units(&self) -> u64 {
+        if self.side == PLAIN {
+            self.delivered
         } else {
-            cpu_s / self.retries as f64 * 10_000.0
+            self.retries
         }
     }
+
+    fn per_10k(&self, cpu_s: f64) -> f64 {
+        if self.units() == 0 {
+            0.0
+        } else {
+            cpu_s / self.units() as f64 * 10_000.0
+        }
+    }
+}
+
+/// The plain side: a quorum queue whose consumer acks every message (no failure, no retry), the
+/// yardstick of what one message costs the node — one publish, one enqueue, one delivery, one ack.
+const PLAIN: &str = "plain";
+
+/// Broker operations, from `rabbit_global_counters:overview()` (summed over protocols, queue
+/// types and dead-letter strategies).
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Ops {
+    /// Messages clients published (`messages_received_total`).
+    pub published: u64,
+    /// Messages dead-lettered into another queue: rejected, expired, dropped at a max length
+    /// (`messages_dead_lettered_*_total`, but `confirmed`).
+    pub dead_lettered: u64,
+    /// Deliveries to consumers (`messages_delivered_total`).
+    pub delivered: u64,
+    /// Acks (`messages_acknowledged_total`).
+    pub acked: u64,
+}
+
+impl Ops {
+    /// From the text `rabbitmqctl eval 'rabbit_global_counters:overview().'` prints.
+    pub fn parse(text: &str) -> Ops {
+        let mut ops = Ops::default();
+        let re = regex::Regex::new(r"([a-z_]+) => ([0-9]+)").expect("a valid pattern");
+        for c in re.captures_iter(text) {
+            let n: u64 = c[2].parse().unwrap_or(0);
+            match &c[1] {
+                "messages_received_total" => ops.published += n,
+                "messages_delivered_total" => ops.delivered += n,
+                "messages_acknowledged_total" => ops.acked += n,
+                k if k.starts_with("messages_dead_lettered_") && k != "messages_dead_lettered_confirmed_total" => {
+                    ops.dead_lettered += n
+                }
+                _ => {}
+            }
+        }
+        ops
+    }
+
+    fn since(self, before: Ops) -> Ops {
+        Ops {
+            published: self.published.saturating_sub(before.published),
+            dead_lettered: self.dead_lettered.saturating_sub(before.dead_lettered),
+            delivered: self.delivered.saturating_sub(before.delivered),
+            acked: self.acked.saturating_sub(before.acked),
+        }
+    }
+
+    fn plus(self, o: Ops) -> Ops {
+        Ops {
+            published: self.published + o.published,
+            dead_lettered: self.dead_lettered + o.dead_lettered,
+            delivered: self.delivered + o.delivered,
+            acked: self.acked + o.acked,
+        }
+    }
+
+    /// Enqueues: every publish is routed into one queue here, every dead-lettering too.
+    pub fn enqueued(&self) -> u64 {
+        self.published + self.dead_lettered
+    }
+}
+
+/// The node's operation counters, read with `ctl` (`None` without one, or when it fails).
+async fn read_ops(ctl: Option<&str>) -> Option<Ops> {
+    let ctl = ctl?;
+    let mut words = ctl.split_whitespace();
+    let program = words.next()?.to_string();
+    let mut args: Vec<String> = words.map(str::to_string).collect();
+    args.extend(["eval".to_string(), "rabbit_global_counters:overview().".to_string()]);
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(&program).args(&args).output(),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    out.status
+        .success()
+        .then(|| Ops::parse(&String::from_utf8_lossy(&out.stdout)))
 }
 
 /// One side at one rate, its windows pooled.
@@ -145,6 +243,8 @@ pub struct Pooled {
     pub ladder_per_10k: f64,
     /// Every retry's lateness, ms.
     pub late: Pcts,
+    /// The broker's operations over the windows (with `--ctl`).
+    pub ops: Ops,
     /// Summed over the windows.
     pub sent: u64,
     /// Summed.
@@ -287,6 +387,21 @@ async fn declare_work(svc: &Service, registry: &Registry, queue: &str, ladder: &
     broker::declare_queue(&svc.ctl, registry, queue, args).await
 }
 
+/// The plain side: a quorum queue, consumed by the same consumer, which fails nothing.
+async fn plain_side(svc: &Service, registry: &Registry) -> Result<Side> {
+    let queue = format!("{}-plain", svc.ns);
+    let mut args = FieldTable::new();
+    args.set("x-queue-type", text("quorum"));
+    broker::declare_queue(&svc.ctl, registry, &queue, args).await?;
+    Ok(Side {
+        key: PLAIN,
+        failer: Failer::start(&svc.consume, &queue, Fail::Reject, 0).await?,
+        watch: vec![queue.clone()],
+        queue,
+        ladder: false,
+    })
+}
+
 /// The native side, its queue declared and consumed.
 async fn native_side(svc: &Service, registry: &Registry, failures: u32, limit: u32) -> Result<Side> {
     let queue = format!("{}-native", svc.ns);
@@ -358,6 +473,8 @@ pub struct NativePlan {
     pub secs: f64,
     /// Windows per side and rate.
     pub rounds: u32,
+    /// A `rabbitmqctl` for the node, to count its operations.
+    pub ctl: Option<String>,
 }
 
 impl NativePlan {
@@ -373,6 +490,7 @@ impl NativePlan {
             failures: args.failures.max(1),
             secs: args.secs.unwrap_or(if smoke { 2.0 } else { 10.0 }),
             rounds: args.rounds.unwrap_or(if smoke { 1 } else { 2 }).max(1),
+            ctl: args.ctl.clone(),
         }
     }
 }
@@ -397,6 +515,7 @@ pub async fn measure_native(
     out.machine.broker = svc.host_port();
     out.broker_cpu_measured = svc.broker_pid.is_some();
     let sides = [
+        plain_side(&svc, registry).await?,
         native_side(&svc, registry, plan.failures, limit).await?,
         ladder_side(&svc, registry, "ladder", RETRY, plan.failures).await?,
     ];
@@ -428,7 +547,7 @@ pub async fn measure_native(
                 .iter()
                 .filter(|w| w.side == side.key && w.rate == rate)
                 .collect();
-            let retries: u64 = ws.iter().map(|w| w.retries).sum();
+            let retries: u64 = ws.iter().map(|w| w.units()).sum();
             let per_10k = |s: f64| {
                 if retries == 0 {
                     0.0
@@ -447,6 +566,7 @@ pub async fn measure_native(
                 broker_per_10k: per_10k(broker),
                 ladder_per_10k: per_10k(ladder),
                 late: pcts(late.remove(&(i, rate as u64)).unwrap_or_default()),
+                ops: ws.iter().fold(Ops::default(), |a, w| a.plus(w.ops)),
                 sent: ws.iter().map(|w| w.sent).sum(),
                 lost: ws.iter().map(|w| w.lost).sum(),
                 duplicates: ws.iter().map(|w| w.duplicates).sum(),
@@ -470,8 +590,15 @@ async fn window(
 ) -> Result<(Window, Vec<i64>)> {
     settle(&svc.ctl, &side.watch).await?;
     let settle_s = broker_quiet(svc.broker_pid, QUIET_WAIT).await;
-    let msg_rate = rate / f64::from(plan.failures);
+    // the plain side fails nothing: its message rate is the rate
+    let msg_rate = if side.key == PLAIN {
+        rate
+    } else {
+        rate / f64::from(plan.failures)
+    };
     let count = (msg_rate * plan.secs).round().max(1.0) as u64;
+    // read outside the CPU window: the CLI's request is work of the node too
+    let ops_before = read_ops(plan.ctl.as_deref()).await;
     let machine_before = procs::machine_ticks().unwrap_or_default();
     let before = svc.cpu()?;
     let published = broker::publish(
@@ -489,6 +616,10 @@ async fn window(
     }
     let after = svc.cpu()?;
     let steal_pct = procs::steal_pct(machine_before, procs::machine_ticks().unwrap_or_default());
+    let ops = match (ops_before, read_ops(plan.ctl.as_deref()).await) {
+        (Some(before), Some(after)) => after.since(before),
+        _ => Ops::default(),
+    };
     let seen = side.failer.take(id);
     let delivered = seen.samples.len() as u64;
     let w = Window {
@@ -510,6 +641,7 @@ async fn window(
         },
         settle_s,
         steal_pct,
+        ops,
     };
     eprintln!(
         "  {:<6} {:>5.0}/s round {}: late p50 {:>4} p99 {:>5} max {:>5} ms | {}/{} consumed, {} retries, {} dup{} | broker {:.2} + ladder {:.2} = {:.2} s/10k | steal {:.0}%",
@@ -844,6 +976,62 @@ pub fn native_markdown(r: &NativeResults) -> String {
             );
         }
     }
+    // what the retry itself costs: a side's CPU per retry less its messages' own cost (a plain
+    // message's, shared by `failures` retries)
+    let mut rates: Vec<f64> = r.pooled.iter().map(|p| p.rate).collect();
+    rates.dedup();
+    let plain_rows = r.pooled.iter().any(|p| p.side == PLAIN);
+    if plain_rows {
+        let _ = writeln!(
+            o,
+            "\nWhat the retry itself costs: a side's total CPU per retry less its message's own cost, which the \
+             plain side measures (a quorum queue, the same publisher and consumer, nothing failed: one publish, enqueue, \
+             delivery and ack per message), divided among the {} retries of a message.\n\n\
+             | retries/s | plain message s / 10k | native retry s / 10k | Ladder retry s / 10k | Ladder / native, the retry alone |\n|---|---|---|---|---|",
+            r.failures
+        );
+        for &rate in &rates {
+            let find = |side: &str| r.pooled.iter().find(|p| p.side == side && p.rate == rate);
+            if let (Some(p), Some(n), Some(l)) = (find(PLAIN), find("native"), find("ladder")) {
+                let base = p.total_per_10k / f64::from(r.failures.max(1));
+                let (n_extra, l_extra) = (n.total_per_10k - base, l.total_per_10k - base);
+                let _ = writeln!(
+                    o,
+                    "| {rate:.0} | {:.2} | {n_extra:.2} | {l_extra:.2} | {} |",
+                    p.total_per_10k,
+                    ratio(l_extra, n_extra)
+                );
+            }
+        }
+    }
+    if r.pooled.iter().any(|p| p.ops.delivered > 0) {
+        let _ = writeln!(
+            o,
+            "\nBroker operations, counted by the node (`rabbit_global_counters`, read before and after each window), per retry \
+             (plain: per message). Enqueues = publishes + dead-letterings: each lands in one queue here.\n\n\
+             | retries/s | side | publishes | dead-letterings | enqueues | deliveries | acks |\n|---|---|---|---|---|---|---|"
+        );
+        for p in &r.pooled {
+            let per = |n: u64| {
+                if p.retries == 0 {
+                    0.0
+                } else {
+                    n as f64 / p.retries as f64
+                }
+            };
+            let _ = writeln!(
+                o,
+                "| {:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                p.rate,
+                p.side,
+                per(p.ops.published),
+                per(p.ops.dead_lettered),
+                per(p.ops.enqueued()),
+                per(p.ops.delivered),
+                per(p.ops.acked)
+            );
+        }
+    }
     let _ = writeln!(
         o,
         "\nEvery window:\n\n| retries/s | round | side | consumed / sent | retries | total | broker | Ladder (s / 10k) | p50 | p99 | max | lost | dup | quiet wait s | steal % |"
@@ -945,7 +1133,7 @@ pub fn native_problems(r: &NativeResults) -> Vec<String> {
         p.push("no window ran".into());
     }
     for w in &r.windows {
-        if w.lost > 0 || w.sent == 0 || w.retries == 0 {
+        if w.lost > 0 || w.sent == 0 || (w.retries == 0 && w.side != PLAIN) {
             p.push(format!(
                 "{} at {}/s round {}: {} of {} consumed, {} retries",
                 w.side, w.rate, w.round, w.delivered, w.sent, w.retries
@@ -980,6 +1168,33 @@ mod tests {
             false,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn the_nodes_counters_are_summed_over_protocols_queue_types_and_strategies() {
+        let text = "#{#{protocol => amqp091} =>
+      #{consumers => 9,messages_received_total => 100,
+        messages_routed_total => 100,messages_confirmed_total => 100},
+  #{protocol => amqp091,queue_type => rabbit_quorum_queue} =>
+      #{messages_delivered_total => 250,messages_redelivered_total => 50,
+        messages_acknowledged_total => 200},
+  #{protocol => amqp091,queue_type => rabbit_stream_queue} =>
+      #{messages_delivered_total => 6, messages_acknowledged_total => 6},
+  #{queue_type => rabbit_quorum_queue,dead_letter_strategy => at_least_once} =>
+      #{messages_dead_lettered_expired_total => 40,
+        messages_dead_lettered_confirmed_total => 40},
+  #{queue_type => rabbit_quorum_queue,dead_letter_strategy => at_most_once} =>
+      #{messages_dead_lettered_rejected_total => 30,
+        messages_dead_lettered_maxlen_total => 2}}";
+        let ops = Ops::parse(text);
+        assert_eq!(
+            (ops.published, ops.dead_lettered, ops.delivered, ops.acked),
+            (100, 72, 256, 206),
+            "a confirmed dead-lettering is not a second one"
+        );
+        assert_eq!(ops.enqueued(), 172);
+        let later = Ops { published: 110, ..ops };
+        assert_eq!(later.since(ops).published, 10);
     }
 
     #[test]
