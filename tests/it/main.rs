@@ -27,6 +27,7 @@ mod parking_http;
 mod regressions;
 mod retry;
 mod retune;
+mod routed_refusals;
 mod scheduled;
 mod security;
 mod shared;
