@@ -727,9 +727,12 @@ async fn probe(
                     let mut properties = delivery.properties.clone();
                     let headers = properties.headers.get_or_insert_with(FieldTable::new);
                     headers.set(protocol::header::RETRY_PROBE, FieldValue::LongLongInt(at as i64));
-                    // a failed probe goes to the intake at once (which tells the hold), not
-                    // into its next tier first
-                    headers.remove(protocol::header::RETRY_NEXT);
+                    // a failed probe goes to the intake hop at once (which tells the hold), not
+                    // into its next tier first, nor behind the intake's backlog: N.L.probes
+                    headers.set(
+                        protocol::header::RETRY_NEXT,
+                        protocol::long_string(protocol::header::NEXT_PROBE),
+                    );
                     ladder.metrics.holds.transition("probe");
                     info!(ladder = %ladder.spec.name, destination, probe = at, "releasing one message as a probe");
                     let _in_flight = crate::metrics::InFlight::enter(&ladder.metrics.hop(Hop::Due).in_flight);

@@ -638,6 +638,27 @@ async fn session(
             workers.spawn(async move { relay::serve(hop, ladder, &connection, stop, grace, Some(subscribed)).await });
         }
     }
+    // failed probes of the automatic hold, each ladder's intake hop on its own N.L.probes: no
+    // backlog of the intake delays what the hold waits to hear
+    for ladder in ladders {
+        let (ladder, connection, stop) = (ladder.clone(), connection.clone(), shutdown.clone());
+        let grace = config.shutdown_grace;
+        let (subscribed, is_subscribed) = tokio::sync::oneshot::channel();
+        subscriptions.push(is_subscribed);
+        workers.spawn(async move {
+            let probes = ladder.names.probes.clone();
+            relay::serve_on(
+                Hop::Intake,
+                Some(&probes),
+                ladder,
+                &connection,
+                stop,
+                grace,
+                Some(subscribed),
+            )
+            .await
+        });
+    }
     // what a shared tier dead-lettered for no ladder served here: the first ladder's due hop
     // checks it as its own (and parks what has no destination or is not allowed)
     if let Some(first) = ladders.first() {
@@ -658,6 +679,18 @@ async fn session(
             )
             .await
         });
+    }
+    // the due queues of ladders no ladder file names any more: what waited in their tiers still
+    // comes due there (N.due routes it by its retry-ladder), and is drained by the first ladder's
+    // due hop as N.stray is, until each is empty (then `ladder prune` may remove it)
+    let mut drainers = JoinSet::new();
+    if let Some(first) = ladders.first() {
+        for queue in retired_due_queues(state) {
+            let span = info_span!("retired", queue = %queue);
+            let (ladder, connection, stop) = (first.clone(), connection.clone(), shutdown.clone());
+            let grace = config.shutdown_grace;
+            drainers.spawn(drain_retired(queue, ladder, connection, stop, grace).instrument(span));
+        }
     }
     // ready once every consumer runs; a loop that fails first ends the session below
     let all_subscribed = async {
@@ -732,6 +765,7 @@ async fn session(
     follow_stop.cancel();
     while followers.join_next().await.is_some() {}
     while releasers.join_next().await.is_some() {}
+    while drainers.join_next().await.is_some() {}
     health.set_ready(false);
     if abandoned > 0 {
         error!(
@@ -743,6 +777,92 @@ async fn session(
     }
     close(&connection).await;
     Ok(())
+}
+
+/// How often a retired ladder's due queue is looked at for messages to drain.
+const RETIRED_LOOK: Duration = Duration::from_secs(2);
+
+/// The due queues (`N.L.due`) of the retired ladders the latest drift survey found.
+fn retired_due_queues(state: &State) -> Vec<String> {
+    let seen = state
+        .drift
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    seen.map(|seen| {
+        seen.survey
+            .retired
+            .iter()
+            .filter(|r| r.ladder_retired && r.kind == crate::model::drift::Kind::Queue && r.role == "due")
+            .map(|r| r.name.clone())
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Drains the due queue of a retired ladder through `ladder`'s due hop (its checks, as for
+/// `N.stray`) whenever it holds messages, and lets go of it once it is empty, so that a
+/// consumer does not keep `ladder prune` from deleting it. Ends when the queue is gone or at
+/// shutdown; a failure of its own is logged, never the session's.
+async fn drain_retired(
+    queue: String,
+    ladder: Arc<LadderRuntime>,
+    connection: Connection,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let depth = async |queue: &str| -> Option<u32> {
+        let channel = tokio::time::timeout(CLOSE_TIMEOUT, connection.create_channel())
+            .await
+            .ok()?
+            .ok()?;
+        let info = tokio::time::timeout(CLOSE_TIMEOUT, channel.queue_inspect(queue))
+            .await
+            .ok()?;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "looked")).await;
+        info.ok().map(|i| i.message_count)
+    };
+    loop {
+        match depth(&queue).await {
+            // gone (pruned), or the connection is: the next session looks again
+            None => return,
+            Some(0) => {}
+            Some(waiting) => {
+                info!(queue, waiting, "draining the due queue of a retired ladder");
+                let stop = shutdown.child_token();
+                let serve = crate::broker::relay::serve_on(
+                    Hop::Due,
+                    Some(&queue),
+                    ladder.clone(),
+                    &connection,
+                    stop.clone(),
+                    grace,
+                    None,
+                );
+                let watch = async {
+                    // two looks in a row that find it empty: let go
+                    let mut empty = 0;
+                    while empty < 2 {
+                        tokio::time::sleep(RETIRED_LOOK).await;
+                        empty = if depth(&queue).await == Some(0) { empty + 1 } else { 0 };
+                    }
+                    stop.cancel();
+                    std::future::pending::<()>().await
+                };
+                tokio::select! {
+                    served = serve => if let Err(e) = served {
+                        warn!(queue, error = %e, "draining a retired ladder's due queue stopped");
+                        return;
+                    },
+                    () = watch => {}
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RETIRED_LOOK) => {}
+        }
+    }
 }
 
 async fn close(connection: &Connection) {

@@ -362,6 +362,11 @@ fn note(k: &Known, o: &Observed, ladder_retired: bool) -> String {
             o.messages
         ),
         (Kind::Queue, false) => "empty; ladder prune removes it".into(),
+        (Kind::Queue, true) if o.messages > 0 && k.role == "due" => format!(
+            "{} message(s) came due for retired ladder {ladder}: the due hop of the namespace's first ladder \
+             drains them with its own checks, as N.stray; ladder prune removes it once empty",
+            o.messages
+        ),
         (Kind::Queue, true) if o.messages > 0 => format!(
             "{} message(s) wait and no replica serves ladder {ladder}: put its file back in ladders_dir \
              until they drain",

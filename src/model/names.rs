@@ -37,6 +37,9 @@ pub struct Names {
     pub first_exchange: String,
     /// `N.L.intake`: the queue the service consumes failures from.
     pub intake_queue: String,
+    /// `N.L.probes`: where a failed probe of the automatic hold comes back (`retry-next:
+    /// probe`, routed by `N.L.next`), served by the intake hop ahead of any backlog of the intake.
+    pub probes: String,
     /// `N.L.tiers`: the direct exchange routing by tier name.
     pub tiers_exchange: String,
     /// `N.L.due`: the fanout exchange and the queue of expired messages.
@@ -64,6 +67,7 @@ impl Names {
             watchdog: format!("{namespace}.watchdog"),
             tier_family: "",
             intake_queue: format!("{base}.intake"),
+            probes: format!("{base}.probes"),
             next_exchange: format!("{base}.next"),
             first_exchange: format!("{base}.first"),
             tiers_exchange: format!("{base}.tiers"),

@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 use crate::model::names::Names;
-use crate::model::protocol::header::{NEXT_INTAKE, RETRY_LADDER, RETRY_NEXT};
+use crate::model::protocol::header::{NEXT_INTAKE, NEXT_PROBE, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
 #[derive(Debug, Clone, PartialEq)]
@@ -355,6 +355,11 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             args: netted(),
             older: type_only.clone(),
         },
+        Declaration::Queue {
+            name: names.probes.clone(),
+            args: netted(),
+            older: None,
+        },
         exchange(&names.tiers_exchange, "direct"),
         // the exchange every tier dead-lettered into before tiers were shared: kept, so what
         // still waits in a ladder's own tiers comes due
@@ -424,6 +429,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         });
     }
     out.push(matching(&names.next_exchange, &names.intake_queue, next(NEXT_INTAKE)));
+    out.push(matching(&names.next_exchange, &names.probes, next(NEXT_PROBE)));
     out.push(exchange(&names.intake_exchange, "fanout"));
     out.push(Declaration::Binding {
         exchange: names.intake_exchange.clone(),
@@ -590,6 +596,7 @@ mod tests {
             "binding  ns.orders.next -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
             "binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
             "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
+            "binding  ns.orders.next -> ns.orders.probes key=\"\" x-match=all retry-ladder=orders retry-next=probe",
             "exchange ns.orders.first type=fanout durable",
             "binding  ns.orders.first -> ns.orders.intake key=\"\"",
         ] {
@@ -627,8 +634,8 @@ mod tests {
         let one = queues(std::slice::from_ref(&a));
         let two = queues(&[a.clone(), b.clone()]);
         let added: Vec<&String> = two.iter().filter(|q| !one.contains(q)).collect();
-        // intake, due, quarantine, parked, cancels, holds: no tier and no level again
-        assert_eq!(added.len(), 6, "{added:?}");
+        // intake, probes, due, quarantine, parked, cancels, holds: no tier and no level again
+        assert_eq!(added.len(), 7, "{added:?}");
         assert!(added.iter().all(|q| q.starts_with("ns.b.")), "{added:?}");
         let unique: std::collections::BTreeSet<&String> = two.iter().collect();
         assert_eq!(unique.len(), two.len(), "each queue is declared once");

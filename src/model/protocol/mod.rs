@@ -70,6 +70,10 @@ pub mod header {
     /// The value of [`RETRY_NEXT`] that sends a failure to the intake (its ladder is exhausted,
     /// or its next delay is drawn there).
     pub const NEXT_INTAKE: &str = "intake";
+    /// The value of [`RETRY_NEXT`] on a probe of the automatic hold: its failure goes to the
+    /// ladder's `N.L.probes`, which the intake hop serves with nothing queued ahead of it, so
+    /// the hold hears of a failed probe at once even while the intake has a backlog.
+    pub const NEXT_PROBE: &str = "probe";
     /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
     /// joined by `,`, oldest first, one appended per retry scheduled, at most
     /// [`super::MAX_HISTORY_ENTRIES`] (the newest). Tier names are compact durations (digits and
