@@ -104,8 +104,13 @@ pub fn no_route(
         destination: Some(forward.destination.clone()),
         attempts: Some(attempts),
         first_failed_at_ms: first_failed_at_of(&forward.properties).or_else(|| first_failed_at_of(received)),
-        // as received: the envelope stores the received message, not the forward
-        history: history_of(received),
+        // as received (the envelope stores the received message, not the forward); but a
+        // failure the broker routed past the intake was counted here, so its history is the
+        // counted one, as the intake's park of the same return would have it
+        history: match history_of(&forward.properties) {
+            counted if forward.failure && !counted.is_empty() => counted,
+            _ => history_of(received),
+        },
         replayed_from: replayed_from_of(received),
     }
 }
