@@ -182,6 +182,8 @@ fn contract(ns: &str) -> Vec<String> {
         format!("queue    {ns}.stray durable x-queue-type=quorum x-delivery-limit=-1"),
         format!("binding  {ns}.stray -> {ns}.stray key=\"\""),
         format!("exchange {ns}.due type=headers durable alternate-exchange={ns}.stray"),
+        // the watchdog's probe publishes (a quiet hop's session is proven alive through it)
+        format!("queue    {ns}.watchdog durable x-queue-type=quorum x-max-length=1"),
         format!(
             "queue    {ns}.delay.200ms durable x-queue-type=quorum x-message-ttl=200 \
              x-dead-letter-exchange={ns}.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
@@ -195,6 +197,9 @@ fn contract(ns: &str) -> Vec<String> {
         format!("binding  {n}.quarantine -> {n}.quarantine key=\"\""),
         format!(
             "queue    {n}.intake durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
+        ),
+        format!(
+            "queue    {n}.probes durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
         ),
         format!("exchange {n}.tiers type=direct durable"),
         format!("exchange {n}.due type=fanout durable"),
@@ -215,6 +220,7 @@ fn contract(ns: &str) -> Vec<String> {
         format!("binding  {n}.next -> {ns}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
         format!("unbind   {n}.next -> {n}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
         format!("binding  {n}.next -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
+        format!("binding  {n}.next -> {n}.probes key=\"\" x-match=all retry-ladder=default retry-next=probe"),
         format!("exchange {n} type=fanout durable"),
         format!("binding  {n} -> exchange {n}.next key=\"\""),
         format!("unbind   {n} -> {n}.intake key=\"\""),
