@@ -68,7 +68,7 @@ pub async fn watch(
     let probe_queue = ladders.first().map(|l| l.names.watchdog.clone());
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    'tick: loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             // the session ends a follower that returns: wait for the end of the drain instead
@@ -127,6 +127,9 @@ pub async fn watch(
                     let queue = queue_of(ladder, hop);
                     match read_ready(connection, &mut channel, queue, stall_timeout).await {
                         Ok(ready) => ready,
+                        // an alarm came while the read waited: a blocked connection is not
+                        // read by the broker until the alarm clears (measured on 4.3)
+                        Err(_) if connection.is_blocked() => continue 'tick,
                         Err(e) => {
                             let reason = format!(
                                 "stalled: {}/{hop} the node did not answer a read of {queue} within {}s: {e}",
@@ -161,6 +164,10 @@ pub async fn watch(
                         // the broker refuses its publishes: honest, but no reason to move
                         refused_stall.get_or_insert(format!("{reason} (the broker refuses its publishes)"));
                         continue;
+                    }
+                    if connection.is_blocked() {
+                        // blocked since the tick began: waiting is expected, judged again after
+                        continue 'tick;
                     }
                     warn!(ladder = %ladder.spec.name, %hop, in_flight, ready = ?ready, "{reason}; moving to another node");
                     health.set_stalled(Some(reason.clone()));

@@ -683,14 +683,18 @@ async fn sighup_that_removes_a_ladder_retires_it_and_loses_none_of_its_retries()
     // the retries come due into u's due queue, which the first ladder's due hop (t's) drains
     // with its checks, as it does N.stray: each is delivered once, none lost
     receive_each_once(&mut consumer, &ids, WAIT).await;
-    eventually_ok("u's tier and due queue are empty, and nobody reads the due queue", WAIT, async || {
-        let seen = (depth(&conn, &tier).await, depth(&conn, &u_due).await);
-        if seen == (Some((0, 0)), Some((0, 0))) {
-            Ok(())
-        } else {
-            Err(format!("{tier}, {u_due}: {seen:?}"))
-        }
-    })
+    eventually_ok(
+        "u's tier and due queue are empty, and nobody reads the due queue",
+        WAIT,
+        async || {
+            let seen = (depth(&conn, &tier).await, depth(&conn, &u_due).await);
+            if seen == (Some((0, 0)), Some((0, 0))) {
+                Ok(())
+            } else {
+                Err(format!("{tier}, {u_due}: {seen:?}"))
+            }
+        },
+    )
     .await;
     assert!(
         running.log().contains("draining the due queue of a retired ladder"),
