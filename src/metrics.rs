@@ -339,6 +339,7 @@ impl Metrics {
                         hop: h.to_string(),
                     })
                     .clone(),
+                released: Counter::default(),
             }),
             scheduled: spec
                 .tiers
@@ -452,6 +453,10 @@ pub struct HopMetrics {
     pub duration: DurationHistogram,
     /// Deliveries not yet settled.
     pub in_flight: Gauge,
+    /// Messages of held queues a release or a probe settled (delivered, or parked): the due
+    /// hop's work while it releases, counted in its `in_flight` meanwhile, so the watchdog
+    /// sees its progress. Not exported (`ladder_released_messages_total` is).
+    pub released: Counter,
 }
 
 /// One tier's leave times, shared by the relay loops that record and the poller that reads.

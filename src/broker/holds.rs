@@ -1049,9 +1049,11 @@ async fn release_one(
     delivery: &Delivery,
     properties: &ladder_amqp::BasicProperties,
 ) -> Result<bool, HoldError> {
+    let due = ladder.metrics.hop(Hop::Due);
     if ladder.cancelled(&delivery.properties) {
         let park = protocol::cancelled_while_held(&delivery.properties, destination);
         relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
+        due.released.inc();
         return Ok(false);
     }
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
@@ -1059,6 +1061,7 @@ async fn release_one(
         let confirm = channel.basic_publish("", destination, true, properties, &delivery.body)?;
         match confirm.await? {
             Confirmation::Ack => {
+                due.released.inc();
                 ladder.metrics.delivered(Duration::ZERO);
                 ladder
                     .breaker
@@ -1088,9 +1091,12 @@ async fn release_one(
                     &returned.reply_text,
                 );
                 relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
+                due.released.inc();
                 return Ok(false);
             }
             Confirmation::Nack | Confirmation::NotRequested => {
+                // refused: the broker answered (the watchdog's refused, not stalled)
+                due.publish_failures.inc();
                 let pause = backoff.next_wait();
                 warn!(ladder = %ladder.spec.name, destination, retry_in = ?pause, "the destination refused a released message; holding it and trying again");
                 tokio::time::sleep(pause).await;

@@ -5,8 +5,8 @@
 //! the node that still talks but cannot serve: in a partition, a node cut off from the leaders
 //! of the ladder's quorum queues answers heartbeats yet confirms no publish into them and
 //! delivers nothing from them. Every `TICK` (500 ms) it looks at each hop's counters
-//! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed — or a
-//! publish refused; a delivery received is not, as a node cut off from the rest may still hand
+//! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed, a message
+//! a release took from a held queue included — or a publish refused; a delivery received is not, as a node cut off from the rest may still hand
 //! out what it holds while it confirms nothing); a hop with nothing in flight that did not move has its queue
 //! read (a passive declare on this connection) to see whether messages wait for it. A hop with
 //! work waiting and no progress for `amqp.stall_timeout` is stalled; a read the node does not
@@ -190,7 +190,8 @@ pub async fn watch(
 /// off from the rest may hand out what its old leader still holds while it confirms nothing.
 fn activity_of(metrics: &crate::metrics::HopMetrics) -> u64 {
     let settled: u64 = metrics.duration.counts().iter().sum();
-    settled + metrics.publish_failures.get() + metrics.returned.get()
+    // a release from a held queue is the due hop's work too (it counts in its in_flight)
+    settled + metrics.released.get() + metrics.publish_failures.get() + metrics.returned.get()
 }
 
 fn queue_of(ladder: &LadderRuntime, hop: Hop) -> &str {

@@ -205,6 +205,68 @@ async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_
     admin.stop().await;
 }
 
+/// Regression (ladder-bench outage, 2026-12-06): a release keeps publishes in flight on the due
+/// hop, and the watchdog took them, with no settled delivery of the hop's own, for a stall. It
+/// ended the session every 3-4 s of a release at 1 000/s, and every reconnect released again
+/// what was out: 127 duplicates in 150 000. A release longer than `amqp.stall_timeout` (here
+/// 3 000 messages at 2 000/s against 500 ms) is progress: no reconnect, each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_longer_than_the_stall_timeout_is_progress_and_delivers_each_once() {
+    let ladder = "backoff = [\"200ms\"]\nmax_attempts = 1000\nallow = [\"^{ns}-\"]\nrelease_rate = \"2000/s\"";
+    let mut t = TestLadder::configure_with("hold-long", "", ladder).await;
+    let mut config = (*t.config).clone();
+    config.amqp.stall_timeout = Duration::from_millis(500);
+    t.config = Arc::new(config);
+    t.start_service().await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let held_queue = names(&t).held_queue(&orders);
+    t.track_queue(&held_queue);
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "orders is down")
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+    let n = 3000;
+    for i in 0..n {
+        t.publish(&t.intake(), "", b"o", failure(&orders, &format!("o{i}")))
+            .await;
+    }
+    eventually("all held", WAIT, async || {
+        (queue_depth(&t.client, &held_queue).await == n).then_some(())
+    })
+    .await;
+    let reconnects = t.state.metrics.reconnects.get();
+
+    let mut orders_in = t.consume(&orders).await;
+    ladder::broker::holds::resume(&t.client, &names(&t), &spec, &orders, "test", None)
+        .await
+        .unwrap();
+    let got = receive_timed(&mut orders_in, n as usize).await;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (_, d) in &got {
+        *seen.entry(message_id(d).to_string()).or_default() += 1;
+    }
+    // anything released twice comes after the n-th delivery
+    while let Some(d) = next_within(&mut orders_in, Duration::from_secs(2)).await {
+        *seen.entry(message_id(&d).to_string()).or_default() += 1;
+        orders_in.ack(&d);
+    }
+    let twice: Vec<&String> = seen.iter().filter(|(_, c)| **c > 1).map(|(id, _)| id).collect();
+    assert_eq!(seen.len(), n as usize, "every message released");
+    assert!(
+        twice.is_empty(),
+        "{} delivered more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+    assert_eq!(
+        t.state.metrics.reconnects.get(),
+        reconnects,
+        "the session ended during the release (the watchdog took it for a stall)"
+    );
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
+
 /// A second service for the same config (another replica), stopped when dropped.
 struct Replica(CancellationToken, tokio::task::JoinHandle<()>, Arc<State>);
 
