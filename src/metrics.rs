@@ -453,7 +453,7 @@ pub struct HopMetrics {
     pub duration: DurationHistogram,
     /// Deliveries not yet settled.
     pub in_flight: Gauge,
-    /// Messages of held queues a release or a probe settled (delivered, or parked): the due
+    /// Messages of held queues a release or a probe acked (delivered, or parked): the due
     /// hop's work while it releases, counted in its `in_flight` meanwhile, so the watchdog
     /// sees its progress. Not exported (`ladder_released_messages_total` is).
     pub released: Counter,

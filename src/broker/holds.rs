@@ -739,10 +739,7 @@ async fn probe(
                     let delivered = release_one(ladder, &channel, destination, &delivery, &properties).await;
                     match delivered {
                         Ok(delivered) => {
-                            channel.basic_ack(delivery.delivery_tag, false)?;
-                            if delivered {
-                                ladder.metrics.holds.released_messages.inc();
-                            }
+                            settle_release(ladder, &channel, delivery.delivery_tag, delivered)?;
                             continue 'consume;
                         }
                         Err(e) => break 'consume Err(e),
@@ -910,9 +907,11 @@ async fn drain(
     result
 }
 
-/// Acks a released delivery and counts it.
+/// Acks a released delivery (delivered, or parked) and counts it: as the due hop's progress
+/// for the watchdog, and as released if delivered.
 fn settle_release(ladder: &LadderRuntime, channel: &Channel, tag: u64, delivered: bool) -> Result<(), HoldError> {
     channel.basic_ack(tag, false)?;
+    ladder.metrics.hop(Hop::Due).released.inc();
     if delivered {
         ladder.metrics.holds.released_messages.inc();
     }
@@ -1049,11 +1048,9 @@ async fn release_one(
     delivery: &Delivery,
     properties: &ladder_amqp::BasicProperties,
 ) -> Result<bool, HoldError> {
-    let due = ladder.metrics.hop(Hop::Due);
     if ladder.cancelled(&delivery.properties) {
         let park = protocol::cancelled_while_held(&delivery.properties, destination);
         relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
-        due.released.inc();
         return Ok(false);
     }
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
@@ -1061,7 +1058,6 @@ async fn release_one(
         let confirm = channel.basic_publish("", destination, true, properties, &delivery.body)?;
         match confirm.await? {
             Confirmation::Ack => {
-                due.released.inc();
                 ladder.metrics.delivered(Duration::ZERO);
                 ladder
                     .breaker
@@ -1091,12 +1087,11 @@ async fn release_one(
                     &returned.reply_text,
                 );
                 relay::park_until_confirmed(Hop::Due, ladder, channel, delivery, &park, None).await?;
-                due.released.inc();
                 return Ok(false);
             }
             Confirmation::Nack | Confirmation::NotRequested => {
                 // refused: the broker answered (the watchdog's refused, not stalled)
-                due.publish_failures.inc();
+                ladder.metrics.hop(Hop::Due).publish_failures.inc();
                 let pause = backoff.next_wait();
                 warn!(ladder = %ladder.spec.name, destination, retry_in = ?pause, "the destination refused a released message; holding it and trying again");
                 tokio::time::sleep(pause).await;

@@ -5,10 +5,11 @@
 //! the node that still talks but cannot serve: in a partition, a node cut off from the leaders
 //! of the ladder's quorum queues answers heartbeats yet confirms no publish into them and
 //! delivers nothing from them. Every `TICK` (500 ms) it looks at each hop's counters
-//! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed, a message
-//! a release took from a held queue included — or a publish refused; a delivery received is not, as a node cut off from the rest may still hand
-//! out what it holds while it confirms nothing); a hop with nothing in flight that did not move has its queue
-//! read (a passive declare on this connection) to see whether messages wait for it. A hop with
+//! ([`crate::model::progress`]: progress is a delivery settled — its publish confirmed, a
+//! message a release took from a held queue included — or a publish refused; a delivery
+//! received is not, as a node cut off from the rest may still hand out what it holds while it
+//! confirms nothing); a hop with nothing in flight that did not move has its queue read (a
+//! passive declare on this connection) to see whether messages wait for it. A hop with
 //! work waiting and no progress for `amqp.stall_timeout` is stalled; a read the node does not
 //! answer within that time is too (it asks the queue's leader). Both end the session: on another
 //! node the hop moves again, and what it held goes back to its queue when the connection closes.

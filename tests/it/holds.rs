@@ -44,6 +44,20 @@ fn names(t: &TestLadder) -> Names {
     Names::new(&t.ns, &t.ladder)
 }
 
+/// Declares `orders`, holds it (`why`) and waits until the service holds it back: `orders`, its
+/// held queue (tracked, deleted with the test) and the ladder's spec.
+async fn hold_orders(t: &mut TestLadder, why: &str) -> (String, String, ladder::model::ladder::LadderSpec) {
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let held_queue = names(t).held_queue(&orders);
+    t.track_queue(&held_queue);
+    let spec = t.config.ladders[0].clone();
+    ladder::broker::holds::hold(&t.client, &names(t), &spec, &orders, "test", why)
+        .await
+        .unwrap();
+    held_in(&t.state, &orders, true).await;
+    (orders, held_queue, spec)
+}
+
 /// Waits until the service of `state` holds `destination` back (or no longer does).
 async fn held_in(state: &State, destination: &str, held: bool) {
     let runtime = state.ladder("default").expect("the service runs the ladder");
@@ -218,14 +232,7 @@ async fn a_release_longer_than_the_stall_timeout_is_progress_and_delivers_each_o
     config.amqp.stall_timeout = Duration::from_millis(500);
     t.config = Arc::new(config);
     t.start_service().await;
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    let held_queue = names(&t).held_queue(&orders);
-    t.track_queue(&held_queue);
-    let spec = t.config.ladders[0].clone();
-    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "orders is down")
-        .await
-        .unwrap();
-    held_in(&t.state, &orders, true).await;
+    let (orders, held_queue, spec) = hold_orders(&mut t, "orders is down").await;
     let n = 3000;
     for i in 0..n {
         t.publish(&t.intake(), "", b"o", failure(&orders, &format!("o{i}")))
@@ -1107,14 +1114,7 @@ async fn a_released_classic_held_queue_is_deleted_with_two_replicas_and_nothing_
 async fn a_due_message_whose_held_queue_is_gone_waits_and_is_delivered_after_the_release() {
     let mut t = TestLadder::configure_with("held-gone", "", LADDER).await;
     t.start_service().await;
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    let held_queue = names(&t).held_queue(&orders);
-    t.track_queue(&held_queue);
-    let spec = t.config.ladders[0].clone();
-    ladder::broker::holds::hold(&t.client, &names(&t), &spec, &orders, "test", "gone")
-        .await
-        .unwrap();
-    held_in(&t.state, &orders, true).await;
+    let (orders, held_queue, spec) = hold_orders(&mut t, "gone").await;
     t.channel.queue_delete(&held_queue).await.unwrap();
     let mut orders_in = t.consume(&orders).await;
     for i in 0..8 {
