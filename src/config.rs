@@ -15,7 +15,7 @@ use std::time::Duration;
 use regex::RegexSet;
 use serde::Deserialize;
 
-use crate::model::ladder::{DeadLetterStrategy, Jitter, LadderSpec, QueueType, Senders, Unidentified};
+use crate::model::ladder::{DeadLetterStrategy, FirstFailures, Jitter, LadderSpec, QueueType, Senders, Unidentified};
 
 /// Largest TTL RabbitMQ accepts for `x-message-ttl` (2^32 - 1 ms, about 49.7 days).
 const MAX_TIER_MS: u128 = u32::MAX as u128;
@@ -350,6 +350,7 @@ struct RawLadder {
     unidentified: Option<Unidentified>,
     exact_delays: Option<bool>,
     jitter: Option<String>,
+    first_failures: Option<FirstFailures>,
     allow_exchanges: Option<Vec<String>>,
     release_rate: Option<String>,
     auto_hold: Option<RawAutoHold>,
@@ -1076,6 +1077,13 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
             "needs exact_delays = true: a spread step waits in the delay levels".into(),
         ));
     }
+    let first_failures = raw.first_failures.unwrap_or_default();
+    if jitter.is_some() && first_failures == FirstFailures::Direct {
+        return Err(err(
+            "first_failures",
+            "\"direct\" needs a ladder without jitter: the intake draws each first delay".into(),
+        ));
+    }
     let allow_exchanges = raw.allow_exchanges.unwrap_or_default();
     if !allow_exchanges.is_empty() && !exact_delays {
         return Err(err(
@@ -1092,6 +1100,7 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
     }
     spec.set_exact_delays(exact_delays);
     spec.jitter = jitter;
+    spec.first_failures = first_failures;
     spec.allow_exchanges = allow_exchanges;
     if let Some(rate) = raw.release_rate {
         spec.release_rate = rate

@@ -86,15 +86,7 @@ impl Telemetry {
                 // delivery; this one began when it failed
                 Some(failure) => Some(Wait {
                     queue: failure.queue.clone().unwrap_or_else(|| names.due.clone()),
-                    // N.delay.<tier>[.<family>]
-                    tier: failure
-                        .queue
-                        .as_deref()
-                        .and_then(|q| q.strip_prefix(&names.prefix))
-                        .and_then(|q| q.strip_prefix("delay."))
-                        .and_then(|q| q.split('.').next())
-                        .unwrap_or("")
-                        .to_string(),
+                    tier: failure.tier.clone(),
                     entered: now_ms.saturating_sub(failure.waited_ms),
                     due_at: now_ms,
                 }),

@@ -5,7 +5,9 @@
 //! routes into the namespace's shared tier queue `N.delay.<tier>` → confirm → ack. The tier
 //! dead-letters into `N.due`, a headers exchange that routes by `retry-ladder` to `N.L.due`.
 //! due: consume `N.L.due` → publish to the default exchange with `retry-to` as routing key →
-//! confirm → ack.
+//! confirm → ack. A first failure the broker routed past the intake into the ladder's first
+//! wait (`N.L.wait.<tier>`, which dead-letters into `N.L.due` with the key `wait.<tier>`) gets
+//! the intake's headers at the due hop, as the ladder's due hop takes it in there.
 //!
 //! The relay writes the same protocol headers the ladder writes on each hop
 //! (`model::protocol::intake` and `due`), so both publish the same header bytes and the
@@ -110,36 +112,45 @@ async fn hop_loop(conn: Connection, args: Arc<RelayArgs>, hop: Hop) -> Result<()
     }
 }
 
+/// What the ladder's intake writes on a failure it takes in (`model::protocol::intake`), its
+/// values taken as they come: no checks. `failed_at`: when it failed (now at the intake; a first
+/// wait's TTL ago at the due hop).
+fn take_in(args: &RelayArgs, headers: &mut FieldTable, failed_at: u64) {
+    let number = |h: &FieldTable, key| match h.get(key) {
+        Some(FieldValue::LongLongInt(n)) => Some(*n),
+        _ => None,
+    };
+    let attempt = number(headers, header::RETRY_ATTEMPT).unwrap_or(0) + 1;
+    let first_failed_at = number(headers, header::RETRY_FIRST_FAILED_AT).unwrap_or(failed_at as i64);
+    let entry = format!("{attempt}:{}:{failed_at}", args.tier);
+    let history = match headers.get(header::RETRY_HISTORY) {
+        Some(FieldValue::LongString(s)) => format!("{},{entry}", String::from_utf8_lossy(s.as_bytes())),
+        _ => entry,
+    };
+    headers.set(header::RETRY_ATTEMPT, FieldValue::LongLongInt(attempt));
+    headers.set(header::RETRY_FIRST_FAILED_AT, FieldValue::LongLongInt(first_failed_at));
+    headers.set(header::RETRY_LADDER, FieldValue::string(&args.ladder));
+    headers.set(header::RETRY_TIER, FieldValue::string(&args.tier));
+    headers.set(
+        header::RETRY_DUE_AT,
+        FieldValue::LongLongInt((failed_at + args.ttl_ms) as i64),
+    );
+    headers.set(header::RETRY_HISTORY, FieldValue::string(&history));
+}
+
 async fn relay_one(hop: Hop, args: &RelayArgs, ch: Channel, d: Delivery) -> ladder_amqp::Result<()> {
     let mut headers = d.properties.headers.clone().unwrap_or_default();
     let (exchange, routing_key) = match hop {
         Hop::Intake => {
-            // what the ladder's intake writes (model::protocol::intake), its values taken as
-            // they come: no checks
-            let now = now_ms();
-            let number = |h: &FieldTable, key| match h.get(key) {
-                Some(FieldValue::LongLongInt(n)) => Some(*n),
-                _ => None,
-            };
-            let attempt = number(&headers, header::RETRY_ATTEMPT).unwrap_or(0) + 1;
-            let first_failed_at = number(&headers, header::RETRY_FIRST_FAILED_AT).unwrap_or(now as i64);
-            let entry = format!("{attempt}:{}:{now}", args.tier);
-            let history = match headers.get(header::RETRY_HISTORY) {
-                Some(FieldValue::LongString(s)) => format!("{},{entry}", String::from_utf8_lossy(s.as_bytes())),
-                _ => entry,
-            };
-            headers.set(header::RETRY_ATTEMPT, FieldValue::LongLongInt(attempt));
-            headers.set(header::RETRY_FIRST_FAILED_AT, FieldValue::LongLongInt(first_failed_at));
-            headers.set(header::RETRY_LADDER, FieldValue::string(&args.ladder));
-            headers.set(header::RETRY_TIER, FieldValue::string(&args.tier));
-            headers.set(
-                header::RETRY_DUE_AT,
-                FieldValue::LongLongInt((now + args.ttl_ms) as i64),
-            );
-            headers.set(header::RETRY_HISTORY, FieldValue::string(&history));
+            take_in(args, &mut headers, now_ms());
             (args.tiers_exchange.as_str(), args.tier.clone())
         }
         Hop::Due => {
+            if ladder::model::names::waited_tier(d.routing_key.as_bytes()).is_some() {
+                // a first failure the broker routed past the intake into its first wait
+                // (`N.L.wait.<tier>`): taken in here, as the ladder's due hop does
+                take_in(args, &mut headers, now_ms().saturating_sub(args.ttl_ms));
+            }
             let to = match headers.get(header::RETRY_TO) {
                 Some(FieldValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
                 _ => String::new(),

@@ -529,6 +529,8 @@ impl Bench {
                     watch: vec![
                         names.intake_queue.clone(),
                         names.tier_queue_named(TIER),
+                        // the first failures' wait (routed past the intake)
+                        names.wait_queue_named(TIER),
                         names.due.clone(),
                         dest.clone(),
                     ],

@@ -84,9 +84,12 @@ fn shortfall_settle(amqp: &AmqpConfig) -> Duration {
 }
 
 /// The queue roles whose ready messages count as waiting in the ladder: the tiers, `due` and
-/// `quarantine` (what it holds is parked by the service).
+/// `quarantine` (what it holds is parked by the service). Not a first wait (`wait.<tier>`,
+/// `first_failures = "direct"`): it holds only first failures the service has not seen yet,
+/// which enter the ladder when they come due; counted as waiting, they would be a surplus
+/// that an anchor taken while they wait turns into a false loss once they enter.
 fn is_waiting_role(role: &str) -> bool {
-    role == "due" || role == "quarantine" || role == "held" || role.starts_with("delay.") || role.starts_with("first.")
+    role == "due" || role == "quarantine" || role == "held" || role.starts_with("delay.")
 }
 
 /// The service's counters of one ladder, read from its metric handles.
@@ -631,7 +634,7 @@ mod tests {
     #[test]
     fn only_tiers_and_due_count_as_waiting() {
         assert!(is_waiting_role("due") && is_waiting_role("delay.10s") && is_waiting_role("quarantine"));
-        assert!(is_waiting_role("first.10s"), "a routed first failure waits there");
+        assert!(!is_waiting_role("wait.10s"), "first failures not seen yet");
         assert!(!is_waiting_role("intake") && !is_waiting_role("parked"));
     }
 }

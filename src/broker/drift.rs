@@ -375,6 +375,17 @@ pub async fn prune(
             PruneStep::Delete(r) => r,
         };
         let inflows = match (r.ladder_retired, r.role.strip_prefix("delay.")) {
+            // a ladder's first wait of before (its first step changed): N.L.wait led into it
+            (false, None) if r.role.starts_with(crate::model::names::WAIT_KEY_PREFIX) => {
+                let names = Names::new(&config.namespace, &r.ladder);
+                vec![Declaration::Binding {
+                    exchange: names.wait_exchange.clone(),
+                    queue: r.name.clone(),
+                    key: String::new(),
+                    args: Vec::new(),
+                    to_exchange: false,
+                }]
+            }
             // a ladder's own tier, from before tiers were shared
             (false, Some(tier)) if !r.ladder.is_empty() => {
                 let names = Names::new(&config.namespace, &r.ladder);
@@ -399,7 +410,11 @@ pub async fn prune(
         let now = bounded("reading a queue", channel.queue_inspect(&r.name)).await?;
         // a stream's message count is not its records' (see model::drift::report)
         if (!r.stream && now.message_count > 0) || now.consumer_count > 0 {
-            set_inflows(&channel, &inflows, true).await?;
+            // a tier is bound again (a ladder may route into it); a first wait of before never
+            // (bound, it would take a copy of every first failure beside the wait of now)
+            if !r.role.starts_with(crate::model::names::WAIT_KEY_PREFIX) {
+                set_inflows(&channel, &inflows, true).await?;
+            }
             let _ = channel.close(200, "kept").await;
             ladders_kept.insert(r.ladder.clone());
             out.push(Pruned::Kept(

@@ -385,7 +385,9 @@ fn handle<'a>(
         // a failure enters the ladder at the intake, or at the due hop when the broker routed
         // it straight into its wait
         let routed = match hop {
-            Hop::Due => ladder.context().routed_failure(&delivery.properties),
+            Hop::Due => ladder
+                .context()
+                .routed_failure(&delivery.properties, delivery.routing_key.as_bytes()),
             _ => None,
         };
         if !delivery.redelivered && (hop == Hop::Intake || routed.is_some()) {

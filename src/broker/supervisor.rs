@@ -260,7 +260,15 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
     let mut pause = Duration::from_millis(500);
     loop {
         let connection = connect(&config.amqp).await?;
-        let result = declare(&connection, config, None).await;
+        // the first waits of before are read from the topology stream (see `declare`)
+        let known = tokio::time::timeout(
+            MIGRATED_READ,
+            crate::broker::drift::read(&connection, &config.namespace),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok);
+        let result = declare(&connection, config, known.as_ref(), false).await;
         if let Ok(older) = &result {
             look_at_drift(&connection, config, &State::default(), older.clone()).await;
         }
@@ -362,14 +370,48 @@ async fn look_at_drift(connection: &Connection, config: &Config, state: &State, 
 /// stream) shows this release declared before skips them: they were removed then. Without
 /// `known` (`ladder apply`, an operator's explicit step; or a stream that could not be read)
 /// every unbind is made.
+///
+/// A ladder whose first step changed unbinds its first waits of before that `known` names
+/// (`plan::retired_waits`): `N.L.wait` is a fanout exchange, and a wait of before left bound
+/// would take a copy of every first failure. Its own wait is bound before and again after
+/// them, so two replicas starting at once with different first steps leave at least one
+/// bound.
 async fn declare(
     connection: &Connection,
     config: &Config,
     known: Option<&crate::model::drift::Registry>,
+    skip_migrated: bool,
 ) -> Result<Vec<topology::OlderQueue>, TopologyError> {
     let version = topology::version_of(connection);
     let mut plan = topology::plan(config, version);
     if let Some(registry) = known {
+        for spec in &config.ladders {
+            let names = Names::of(&config.namespace, spec);
+            let waits = registry
+                .known()
+                .filter(|k| {
+                    k.kind == crate::model::drift::Kind::Queue
+                        && k.ladder == spec.name
+                        && k.role.starts_with(crate::model::names::WAIT_KEY_PREFIX)
+                })
+                .map(|k| k.name.as_str());
+            let unbind = crate::model::plan::retired_waits(&names, spec, waits);
+            if unbind.is_empty() {
+                continue;
+            }
+            plan.extend(unbind);
+            if let Some(first) = spec.first_route() {
+                plan.push(Declaration::Binding {
+                    exchange: names.wait_exchange.clone(),
+                    queue: names.wait_queue(first),
+                    key: String::new(),
+                    args: Vec::new(),
+                    to_exchange: false,
+                });
+            }
+        }
+    }
+    if let Some(registry) = known.filter(|_| skip_migrated) {
         let done: Vec<String> = config
             .ladders
             .iter()
@@ -526,7 +568,7 @@ async fn session(
         .ok()
         .and_then(Result::ok),
     };
-    let declared = match declare(&connection, config, known.as_ref()).await {
+    let declared = match declare(&connection, config, known.as_ref(), true).await {
         Ok(older) => {
             look_at_drift(&connection, config, state, older).await;
             Ok(())

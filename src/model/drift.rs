@@ -467,7 +467,8 @@ mod tests {
 
     #[test]
     fn the_plan_is_recorded_once_and_a_removed_tier_is_retired() {
-        let six = spec("t", &["6s"]);
+        let mut six = spec("t", &["6s"]);
+        six.first_failures = crate::model::ladder::FirstFailures::Direct;
         let mut registry = Registry::default();
         let first = planned("ns", std::slice::from_ref(&six), v());
         let record = registry.declaring(&first, 1, "a").expect("a new plan is recorded");
@@ -479,12 +480,20 @@ mod tests {
         );
         assert!(registry.retired("ns", &first).is_empty());
 
-        let two = spec("t", &["2s", "4s"]);
+        let mut two = spec("t", &["2s", "4s"]);
+        two.first_failures = crate::model::ladder::FirstFailures::Direct;
         let second = planned("ns", std::slice::from_ref(&two), v());
         registry.apply(&registry.declaring(&second, 3, "b").expect("new tiers are recorded"));
         let retired = registry.retired("ns", &second);
         let names: Vec<&str> = retired.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(names, ["ns.delay.6s"], "only the old tier is retired: {names:?}");
+        // the old tier, and the ladder's first wait of that step
+        assert_eq!(
+            names,
+            ["ns.delay.6s", "ns.t.wait.6s"],
+            "only the old waits are retired: {names:?}"
+        );
+        assert_eq!((retired[1].ladder.as_str(), retired[1].role.as_str()), ("t", "wait.6s"));
+        assert_eq!(retired[1].ttl_ms, Some(6_000));
         assert_eq!(retired[0].ttl_ms, Some(6_000));
         assert_eq!(retired[0].tier(), Some("6s"));
         assert_eq!(
@@ -497,7 +506,10 @@ mod tests {
         registry.apply(&TopologyRecord::Pruned {
             at_ms: 4,
             by: "p".into(),
-            objects: vec![(Kind::Queue, "ns.delay.6s".into())],
+            objects: vec![
+                (Kind::Queue, "ns.delay.6s".into()),
+                (Kind::Queue, "ns.t.wait.6s".into()),
+            ],
         });
         assert!(registry.retired("ns", &second).is_empty());
     }

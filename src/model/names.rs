@@ -33,8 +33,17 @@ pub struct Names {
     /// straight into its tier (or, `retry-next: intake`, to the intake); the rest to `N.L.first`.
     pub next_exchange: String,
     /// `N.L.first`: the fanout exchange of what `N.L.next` does not route — first failures
-    /// above all — into `N.L.intake`.
+    /// above all — bound to `N.L.sort`.
     pub first_exchange: String,
+    /// `N.L.sort`: the headers exchange that sends a first failure to `N.L.intake` when the
+    /// intake must take it (it carries `retry-delay`, `x-delay`, `delay-until`, `x-death`, a
+    /// `retry-attempt` or a `retry-next` no tier took; every one, for a ladder with `jitter`),
+    /// and every other through its alternate exchange, `N.L.wait`, into its first wait.
+    pub sort_exchange: String,
+    /// `N.L.wait`: the fanout exchange of the first failures `N.L.sort` does not send to the
+    /// intake, bound to the queue where they wait the ladder's first step
+    /// ([`Names::wait_queue`]).
+    pub wait_exchange: String,
     /// `N.L.intake`: the queue the service consumes failures from.
     pub intake_queue: String,
     /// `N.L.probes`: where a failed probe of the automatic hold comes back (`retry-next:
@@ -70,6 +79,8 @@ impl Names {
             probes: format!("{base}.probes"),
             next_exchange: format!("{base}.next"),
             first_exchange: format!("{base}.first"),
+            sort_exchange: format!("{base}.sort"),
+            wait_exchange: format!("{base}.wait"),
             tiers_exchange: format!("{base}.tiers"),
             due: format!("{base}.due"),
             parked: format!("{base}.parked"),
@@ -134,6 +145,19 @@ impl Names {
         format!("{}.delay.{name}", self.intake_exchange)
     }
 
+    /// `N.L.wait.<tier>` (with the ladder's [`tier_family`](Names::tier_family)): where a first
+    /// failure the broker routed past the intake waits the ladder's first step, `tier`. Its
+    /// `x-message-ttl` is the tier's; it dead-letters into `N.L.due` with the routing key
+    /// [`Names::wait_key`], by which the due hop knows it for a first failure.
+    pub fn wait_queue(&self, tier: &Tier) -> String {
+        self.wait_queue_named(&tier.name)
+    }
+
+    /// `N.L.wait.<name>`, for a first wait known by its tier's name only.
+    pub fn wait_queue_named(&self, name: &str) -> String {
+        format!("{}.wait.{name}{}", self.intake_exchange, self.tier_family)
+    }
+
     /// Every queue of the ladder with its role, the `queue` label of `ladder_queue_messages`:
     /// `intake`, `due`, `parked`, `quarantine`, then `delay.<tier>` shortest first.
     pub fn queues(&self, spec: &LadderSpec) -> Vec<(String, String)> {
@@ -144,6 +168,9 @@ impl Names {
             ("quarantine".to_string(), self.quarantine.clone()),
             ("stray".to_string(), self.stray.clone()),
         ];
+        if let Some(tier) = spec.first_route() {
+            queues.push((wait_role(&tier.name), self.wait_queue(tier)));
+        }
         queues.extend(
             spec.tiers
                 .iter()
@@ -159,6 +186,28 @@ impl Names {
         names.into_iter().max_by_key(String::len).unwrap_or_default()
     }
 }
+
+/// The routing key a first failure comes due with from its wait in `N.L.wait.<tier>` (the
+/// queue's `x-dead-letter-routing-key`): `wait.<tier>`. Nothing the service publishes into a
+/// tier carries it (their keys are tier names), so the due hop knows by it a first failure the
+/// broker routed past the intake, and how long it waited.
+pub fn wait_key(tier: &str) -> String {
+    wait_role(tier)
+}
+
+/// The tier a routing key made by [`wait_key`] names.
+pub fn waited_tier(routing_key: &[u8]) -> Option<&str> {
+    std::str::from_utf8(routing_key.strip_prefix(WAIT_KEY_PREFIX.as_bytes())?).ok()
+}
+
+/// `wait.<tier>`: the role of a wait queue (the `queue` label of `ladder_queue_messages`, and in
+/// the topology stream).
+pub fn wait_role(tier: &str) -> String {
+    format!("{WAIT_KEY_PREFIX}{tier}")
+}
+
+/// What [`wait_key`] and [`wait_role`] begin with.
+pub const WAIT_KEY_PREFIX: &str = "wait.";
 
 /// What the tier queues of a ladder of `queue_type` and `strategy` end in (see
 /// [`Names::tier_family`]).
@@ -250,12 +299,18 @@ mod tests {
         assert_eq!(n.tier_queue(&long), "ns.delay.1h30m");
         assert_eq!(n.tier_queue_named("1h30m"), "ns.delay.1h30m");
         assert_eq!(n.own_tier_queue_named("1h30m"), "ns.orders.delay.1h30m");
+        assert_eq!(n.wait_queue_named("1h30m"), "ns.orders.wait.1h30m");
+        assert_eq!(wait_key("1h30m"), "wait.1h30m");
+        assert_eq!(waited_tier(wait_key("1h30m").as_bytes()), Some("1h30m"));
+        assert_eq!(waited_tier(b"1h30m"), None, "a tier's own key is no first wait's");
         assert_eq!((n.shared_due.as_str(), n.stray.as_str()), ("ns.due", "ns.stray"));
         let amo = Names::of("ns", &spec(QueueType::Quorum, DeadLetterStrategy::AtMostOnce));
         assert_eq!(amo.tier_queue(&long), "ns.delay.1h30m.at-most-once");
         let classic = Names::of("ns", &spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce));
         assert_eq!(classic.tier_queue(&long), "ns.delay.1h30m.classic");
-        let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        assert_eq!(classic.wait_queue(&long), "ns.orders.wait.1h30m.classic");
+        let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        s.first_failures = crate::model::ladder::FirstFailures::Direct;
         let queues = n.queues(&s);
         let roles: Vec<(&str, &str)> = queues.iter().map(|(r, q)| (r.as_str(), q.as_str())).collect();
         assert_eq!(
@@ -266,6 +321,7 @@ mod tests {
                 ("parked", "ns.orders.parked"),
                 ("quarantine", "ns.orders.quarantine"),
                 ("stray", "ns.stray"),
+                ("wait.10s", "ns.orders.wait.10s"),
                 ("delay.10s", "ns.delay.10s"),
                 ("delay.1h", "ns.delay.1h"),
             ]

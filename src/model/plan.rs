@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 use crate::model::names::Names;
-use crate::model::protocol::header::{NEXT_INTAKE, NEXT_PROBE, RETRY_LADDER, RETRY_NEXT};
+use crate::model::protocol::header::{self, NEXT_INTAKE, NEXT_PROBE, RETRY_ATTEMPT, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
 #[derive(Debug, Clone, PartialEq)]
@@ -395,8 +395,61 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     // routing a repeat failure by its retry-next into its tier and passing what it does not
     // match (first failures) on to N.L.first -> N.L.intake. Declared from the end back, so the
     // alternate exchange exists before anything can fall into it.
+    // What N.L.next does not route — a first failure — goes on to N.L.sort, which sends to the
+    // intake what the intake must take (FIRST_FOR_INTAKE; everything, for a ladder without a
+    // first route) and the rest through its alternate N.L.wait into the first wait,
+    // N.L.wait.<tier>, which dead-letters into N.L.due: one enqueue and one hop fewer.
+    out.push(exchange(&names.wait_exchange, "fanout"));
+    if let Some(first) = spec.first_route() {
+        out.push(Declaration::Queue {
+            name: names.wait_queue(first),
+            args: wait_args(names, spec, first),
+            older: None,
+        });
+        out.push(bind(&names.wait_exchange, &names.wait_queue(first), ""));
+    }
+    out.push(headers(&names.sort_exchange, &names.wait_exchange));
+    out.push(matching(&names.sort_exchange, &names.intake_queue, first_for_intake()));
+    let everything = matching(
+        &names.sort_exchange,
+        &names.intake_queue,
+        vec![("x-match", ArgValue::Str("all".into()))],
+    );
+    match (spec.first_route(), everything) {
+        // the wait is bound above before the intake stops taking every first failure
+        (
+            Some(_),
+            Declaration::Binding {
+                exchange,
+                queue,
+                key,
+                args,
+                ..
+            },
+        ) => out.push(Declaration::Unbinding {
+            exchange,
+            queue,
+            key,
+            args,
+        }),
+        (_, everything) => out.push(everything),
+    }
     out.push(exchange(&names.first_exchange, "fanout"));
-    out.push(bind(&names.first_exchange, &names.intake_queue, ""));
+    out.push(Declaration::Binding {
+        exchange: names.first_exchange.clone(),
+        queue: names.sort_exchange.clone(),
+        key: String::new(),
+        args: Vec::new(),
+        to_exchange: true,
+    });
+    // before, N.L.first fed the intake itself; the way above is bound first, so a first failure
+    // published in between may reach both (a duplicate), never neither
+    out.push(Declaration::Unbinding {
+        exchange: names.first_exchange.clone(),
+        queue: names.intake_queue.clone(),
+        key: String::new(),
+        args: Vec::new(),
+    });
     out.push(headers(&names.next_exchange, &names.first_exchange));
     let next = |value: &str| next_match(&spec.name, value);
     for tier in &spec.steps {
@@ -503,6 +556,73 @@ fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str
     args
 }
 
+/// The headers whose presence sends a first failure to the intake rather than into its first
+/// wait (`N.L.sort`): a delay the consumer asks for (`retry-delay`: the intake parks one beyond
+/// 49 days at once and otherwise waits it exactly) or a scheduled delivery (`x-delay`,
+/// `delay-until`); a dead-lettered message (`x-death`: its destination is read from it, which
+/// the due hop steps over undecoded, and a replica of a release before this route would not
+/// know where to deliver it); and a message that was retried before (`retry-attempt`, or a
+/// `retry-next` no tier of the ladder took), whose step the intake counts.
+pub const FIRST_FOR_INTAKE: [&str; 6] = [
+    RETRY_NEXT,
+    RETRY_ATTEMPT,
+    header::RETRY_DELAY,
+    header::X_DELAY,
+    header::DELAY_UNTIL,
+    header::X_DEATH,
+];
+
+/// The `N.L.sort` → `N.L.intake` match: any of [`FIRST_FOR_INTAKE`], present with any value
+/// (`any-with-x`: a plain `any` ignores the headers that begin with `x-`; RabbitMQ 3.10 and
+/// later).
+fn first_for_intake() -> Vec<(&'static str, ArgValue)> {
+    let mut args = vec![("x-match", ArgValue::Str("any-with-x".into()))];
+    args.extend(FIRST_FOR_INTAKE.iter().map(|h| (*h, ArgValue::Void)));
+    args
+}
+
+/// The arguments of `N.L.wait.<tier>`: the ladder's queue shape, the first step's TTL, and
+/// dead-lettering into the ladder's own `N.L.due` with the key that tells the due hop it is a
+/// first failure and how long it waited ([`crate::model::names::wait_key`]).
+fn wait_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str, ArgValue)> {
+    let mut args = tier_args(names, spec, tier);
+    for (key, value) in &mut args {
+        if *key == "x-dead-letter-exchange" {
+            *value = ArgValue::Str(names.due.clone());
+        }
+    }
+    args.insert(
+        3,
+        (
+            "x-dead-letter-routing-key",
+            ArgValue::Str(crate::model::names::wait_key(&tier.name)),
+        ),
+    );
+    args
+}
+
+/// The unbindings of a ladder's first waits of before (`N.L.wait` → `N.L.wait.<tier>`, for each
+/// of `known` other than the one its config plans): `N.L.wait` is a fanout exchange, so a wait
+/// of before left bound would take a copy of every first failure. The supervisor passes the
+/// wait queues the topology stream knows for the ladder; they drain into `N.L.due` unbound.
+pub fn retired_waits<'k>(
+    names: &Names,
+    spec: &LadderSpec,
+    known: impl IntoIterator<Item = &'k str>,
+) -> Vec<Declaration> {
+    let planned = spec.first_route().map(|tier| names.wait_queue(tier));
+    known
+        .into_iter()
+        .filter(|queue| Some(*queue) != planned.as_deref())
+        .map(|queue| Declaration::Unbinding {
+            exchange: names.wait_exchange.clone(),
+            queue: queue.to_string(),
+            key: String::new(),
+            args: Vec::new(),
+        })
+        .collect()
+}
+
 /// The held queue of `destination` (`N.L.held.<destination>`), declared when the destination is
 /// first held — an operator's action or the automatic hold, never the hot path — and by every
 /// replica that reads the hold, before its due hop may route into it. Like the due queue it
@@ -598,7 +718,14 @@ mod tests {
             "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
             "binding  ns.orders.next -> ns.orders.probes key=\"\" x-match=all retry-ladder=orders retry-next=probe",
             "exchange ns.orders.first type=fanout durable",
-            "binding  ns.orders.first -> ns.orders.intake key=\"\"",
+            "binding  ns.orders.first -> exchange ns.orders.sort key=\"\"",
+            "unbind   ns.orders.first -> ns.orders.intake key=\"\"",
+            "exchange ns.orders.sort type=headers durable alternate-exchange=ns.orders.wait",
+            "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
+             retry-delay=* x-delay=* delay-until=* x-death=*",
+            // first_failures = "intake" (the default): the sort sends every one to the intake
+            "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=all",
+            "exchange ns.orders.wait type=fanout durable",
         ] {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
         }
@@ -613,7 +740,73 @@ mod tests {
             at("binding  ns.orders -> exchange ns.orders.next key=\"\"")
                 < at("unbind   ns.orders -> ns.orders.intake key=\"\"")
         );
+        // the sort is bound before the old way into the intake is removed, and it and its
+        // alternate exist before anything can reach them
+        assert!(
+            at("binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=all")
+                < at("binding  ns.orders.first -> exchange ns.orders.sort key=\"\"")
+        );
+        assert!(
+            at("binding  ns.orders.first -> exchange ns.orders.sort key=\"\"")
+                < at("unbind   ns.orders.first -> ns.orders.intake key=\"\"")
+        );
+        assert!(
+            !plan.iter().any(|l| l.contains("ns.orders.wait.")),
+            "no first wait: {plan:#?}"
+        );
+        assert!(
+            at("exchange ns.orders.wait type=fanout durable")
+                < at("exchange ns.orders.sort type=headers durable alternate-exchange=ns.orders.wait")
+        );
         assert!(plan.contains(&"binding  ns.orders.due -> ns.orders.due key=\"\"".to_string()));
+    }
+
+    #[test]
+    fn a_direct_ladder_routes_first_failures_into_its_first_wait() {
+        let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
+        s.first_failures = crate::model::ladder::FirstFailures::Direct;
+        let plan: Vec<String> = plan("ns", std::slice::from_ref(&s), BrokerVersion::LATEST)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        for line in [
+            "exchange ns.orders.wait type=fanout durable",
+            "queue    ns.orders.wait.10s durable x-queue-type=quorum x-message-ttl=10000 \
+             x-dead-letter-exchange=ns.orders.due x-dead-letter-routing-key=wait.10s \
+             x-dead-letter-strategy=at-least-once x-overflow=reject-publish",
+            "binding  ns.orders.wait -> ns.orders.wait.10s key=\"\"",
+            "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
+             retry-delay=* x-delay=* delay-until=* x-death=*",
+            "unbind   ns.orders.sort -> ns.orders.intake key=\"\" x-match=all",
+        ] {
+            assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
+        }
+        let at = |line: &str| plan.iter().position(|l| l == line).unwrap();
+        // the first wait is bound before the intake stops taking every first failure
+        assert!(
+            at("binding  ns.orders.wait -> ns.orders.wait.10s key=\"\"")
+                < at("unbind   ns.orders.sort -> ns.orders.intake key=\"\" x-match=all")
+        );
+        // the family's suffix, as the tiers'
+        let mut classic = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
+        classic.first_failures = crate::model::ladder::FirstFailures::Direct;
+        let lines: Vec<String> = super::plan("ns", std::slice::from_ref(&classic), BrokerVersion::LATEST)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("queue    ns.orders.wait.10s.classic durable x-queue-type=classic")),
+            "{lines:#?}"
+        );
+        // retired first waits are unbound, the planned one never
+        let names = Names::of("ns", &s);
+        let unbind: Vec<String> = retired_waits(&names, &s, ["ns.orders.wait.10s", "ns.orders.wait.5s"])
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(unbind, ["unbind   ns.orders.wait -> ns.orders.wait.5s key=\"\""]);
     }
 
     #[test]
@@ -636,6 +829,12 @@ mod tests {
         let added: Vec<&String> = two.iter().filter(|q| !one.contains(q)).collect();
         // intake, probes, due, quarantine, parked, cancels, holds: no tier and no level again
         assert_eq!(added.len(), 7, "{added:?}");
+        // and, with first_failures = "direct", its first wait
+        let mut direct = b.clone();
+        direct.first_failures = crate::model::ladder::FirstFailures::Direct;
+        let with_wait = queues(&[a.clone(), direct]);
+        assert_eq!(with_wait.len(), two.len() + 1, "{with_wait:?}");
+        assert!(with_wait.contains(&"ns.b.wait.10s".to_string()));
         assert!(added.iter().all(|q| q.starts_with("ns.b.")), "{added:?}");
         let unique: std::collections::BTreeSet<&String> = two.iter().collect();
         assert_eq!(unique.len(), two.len(), "each queue is declared once");

@@ -212,8 +212,16 @@ fn contract(ns: &str) -> Vec<String> {
         format!("unbind   {n}.tiers -> {n}.delay.200ms key=\"200ms\""),
         format!("binding  {n}.tiers -> {ns}.delay.500ms key=\"500ms\""),
         format!("unbind   {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
+        format!("exchange {n}.wait type=fanout durable"),
+        format!("exchange {n}.sort type=headers durable alternate-exchange={n}.wait"),
+        format!(
+            "binding  {n}.sort -> {n}.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* retry-delay=* \
+             x-delay=* delay-until=* x-death=*"
+        ),
+        format!("binding  {n}.sort -> {n}.intake key=\"\" x-match=all"),
         format!("exchange {n}.first type=fanout durable"),
-        format!("binding  {n}.first -> {n}.intake key=\"\""),
+        format!("binding  {n}.first -> exchange {n}.sort key=\"\""),
+        format!("unbind   {n}.first -> {n}.intake key=\"\""),
         format!("exchange {n}.next type=headers durable alternate-exchange={n}.first"),
         format!("binding  {n}.next -> {ns}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
         format!("unbind   {n}.next -> {n}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),

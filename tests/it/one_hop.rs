@@ -15,6 +15,14 @@ max_attempts = 3
 allow = ["^{ns}-"]
 "#;
 
+/// [`TWO_TIERS`] with `first_failures = "direct"`.
+const TWO_TIERS_DIRECT: &str = r#"
+backoff = ["300ms", "600ms"]
+max_attempts = 3
+allow = ["^{ns}-"]
+first_failures = "direct"
+"#;
+
 /// A redelivery may be this much later than its tier on a busy 2-core machine; never earlier.
 const TOLERANCE: Duration = Duration::from_millis(1_500);
 
@@ -249,6 +257,138 @@ async fn an_existing_ladder_moves_to_the_new_way_in_without_loss_or_duplicates()
         received(&t, Hop::Intake),
         2,
         "the old intake message and the new failure, once each"
+    );
+    t.assert_nothing_more("a duplicate", &mut consumer, &orders, Via::Ladder)
+        .await;
+}
+
+/// With `first_failures = "direct"`, a first failure republished by an explicit consumer skips
+/// the intake too: `N.L.sort` sends
+/// it through its alternate into the ladder's first wait (`N.L.wait.<first step>`), which
+/// dead-letters into `N.L.due` with the key `wait.<tier>`, and the due hop takes it in there —
+/// counted, recorded and delivered after exactly its first step, then climbing as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_failure_waits_its_first_step_past_the_intake() {
+    let mut t = TestLadder::start("onehop-first", TWO_TIERS_DIRECT).await;
+    let names = Names::new(&t.ns, &t.ladder);
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let mut props = retry_props(&orders, None).with_message_id("m-1");
+    props.headers.as_mut().unwrap().set("retry-reason", text("timeout"));
+    let failed_at_ms = now_ms();
+    let failed = Instant::now();
+    t.publish(&t.intake(), "", b"x", props).await;
+    let first = next(&mut consumer).await;
+    let waited = failed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited <= Duration::from_millis(300) + TOLERANCE,
+        "the first retry after {waited:?}, its step is 300 ms"
+    );
+    assert_eq!(int_header(&first, "retry-attempt"), Some(1));
+    assert_eq!(headers_of(&first).get("retry-next"), Some(&text("600ms")));
+    assert_eq!(headers_of(&first).get("retry-reason"), Some(&text("timeout")));
+    let first_failed = int_header(&first, "retry-first-failed-at").unwrap() as u64;
+    assert!(
+        first_failed + 1_000 >= failed_at_ms && first_failed <= failed_at_ms + 1_000,
+        "retry-first-failed-at {first_failed}, published at {failed_at_ms}"
+    );
+    assert!(headers_of(&first).get("x-death").is_none(), "x-death stripped");
+    assert_eq!(received(&t, Hop::Intake), 0, "the first failure skipped the intake");
+    assert_eq!(received(&t, Hop::Due), 1);
+    assert_eq!(entered(&t), 1, "it entered the ladder at the due hop");
+    assert_eq!(
+        queue_depth(&t.client, &format!("{}.wait.300ms", names.intake_exchange)).await,
+        0,
+        "the first wait is empty again"
+    );
+
+    // the repeat failures take their tiers, and the last one the intake, which parks it
+    let mut last = first;
+    for attempt in 2..=3 {
+        t.publish(&t.intake(), "", b"x", republish_props(&last, &[])).await;
+        consumer.ack(&last);
+        last = next(&mut consumer).await;
+        assert_eq!(int_header(&last, "retry-attempt"), Some(attempt));
+    }
+    t.publish(&t.intake(), "", b"x", republish_props(&last, &[])).await;
+    consumer.ack(&last);
+    let parked = t.parked(1).await.remove(0);
+    assert_eq!(parked.reason, "max-attempts");
+    assert_eq!(received(&t, Hop::Intake), 1, "only to park the last");
+    t.assert_nothing_more("another delivery", &mut consumer, &orders, Via::Ladder)
+        .await;
+}
+
+/// With `first_failures = "direct"`, what the intake must take still goes there from
+/// `N.L.sort`, each taken in once: a first
+/// failure asking for a delay (`retry-delay`), one dead-lettered by its queue (`x-death`: the
+/// match is `any-with-x`, as a plain `any` ignores headers that begin with `x-`), one retried
+/// before that carries a `retry-attempt` but no `retry-next` (a delivery of an older release),
+/// and one whose `retry-next` names no tier of the ladder (a step taken out since).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_failures_the_intake_must_take_still_go_through_it() {
+    let mut t = TestLadder::start("onehop-sort", TWO_TIERS_DIRECT).await;
+    let mut args = FieldTable::default();
+    args.set("x-dead-letter-exchange", text(&t.intake()));
+    let orders = t.declare_queue("orders", args).await;
+    let mut consumer = t.consume(&orders).await;
+
+    // dead-letter mode: published to the queue, rejected by its consumer
+    t.publish(
+        "",
+        &orders,
+        b"dead-lettered",
+        BasicProperties::default().with_delivery_mode(2),
+    )
+    .await;
+    let d = next(&mut consumer).await;
+    assert_eq!(d.body, b"dead-lettered");
+    consumer.reject(&d, false);
+    let with = |key: &str, value: FieldValue| {
+        let mut p = retry_props(&orders, None);
+        p.headers.as_mut().unwrap().set(key, value);
+        p
+    };
+    t.publish(
+        &t.intake(),
+        "",
+        b"retry-delay",
+        with("retry-delay", FieldValue::LongLongInt(700)),
+    )
+    .await;
+    t.publish(
+        &t.intake(),
+        "",
+        b"retry-attempt",
+        with("retry-attempt", FieldValue::LongLongInt(1)),
+    )
+    .await;
+    t.publish(&t.intake(), "", b"retry-next", with("retry-next", text("9s")))
+        .await;
+
+    let mut got: Vec<(Vec<u8>, Option<i64>)> = receive(&mut consumer, 4)
+        .await
+        .into_iter()
+        .map(|d| {
+            let attempt = int_header(&d, "retry-attempt");
+            (d.body, attempt)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (b"dead-lettered".to_vec(), Some(1)),
+            (b"retry-attempt".to_vec(), Some(2)),
+            (b"retry-delay".to_vec(), Some(1)),
+            (b"retry-next".to_vec(), Some(1)),
+        ]
+    );
+    assert_eq!(received(&t, Hop::Intake), 4, "each through the intake, once");
+    assert_eq!(
+        queue_depth(&t.client, &format!("{}.{}.wait.300ms", t.ns, t.ladder)).await,
+        0,
+        "none waited in the first wait"
     );
     t.assert_nothing_more("a duplicate", &mut consumer, &orders, Via::Ladder)
         .await;

@@ -19,7 +19,7 @@ impl<'a> HopContext<'a> {
     /// not overshoot; one that is due is checked again (the allow-list may have changed),
     /// stripped of what the tier's dead-lettering added, and delivered — or parked.
     pub fn due_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
-        if let Some(failure) = self.routed_failure(props) {
+        if let Some(failure) = self.routed_failure(props, arrival.routing_key) {
             return self.take_in_after_wait(props, arrival, failure);
         }
         let now_ms = arrival.now_ms;
@@ -132,13 +132,33 @@ impl<'a> HopContext<'a> {
         }))
     }
 
-    /// Whether a message at the due hop is a failure the broker routed past the intake: it
-    /// carries `retry-next`, which the service writes only on what it delivers (never on a wait
-    /// it schedules), and by which `N.L.next` routed it into that tier. `skip` is 1 when its
-    /// newest `x-death` entry (decoded only where the ladder lists `senders`) is that tier's.
-    pub fn routed_failure(&self, props: &BasicProperties) -> Option<RoutedFailure> {
-        let h = props.headers.as_ref()?;
-        let tier = as_text(h.get(header::RETRY_NEXT)?).unwrap_or_default();
+    /// Whether a message at the due hop, which arrived with `routing_key`, is a failure the
+    /// broker routed past the intake:
+    /// - a repeat failure carries `retry-next`, which the service writes only on what it
+    ///   delivers (never on a wait it schedules), and by which `N.L.next` routed it into that
+    ///   tier;
+    /// - a first failure comes due from its first wait, `N.L.wait.<tier>`, with the routing key
+    ///   that queue dead-letters with (`wait.<tier>`, [`crate::model::names::wait_key`]); a key
+    ///   the service never gives what it puts into a tier (tier names).
+    ///
+    /// `skip` is 1 when its newest `x-death` entry (decoded only where the ladder lists
+    /// `senders`) is that wait's.
+    pub fn routed_failure(&self, props: &BasicProperties, routing_key: &[u8]) -> Option<RoutedFailure> {
+        let h = props.headers.as_ref();
+        let Some(next) = h.and_then(|h| h.get(header::RETRY_NEXT)) else {
+            let tier = crate::model::names::waited_tier(routing_key)?;
+            let queue = self.names.wait_queue_named(tier);
+            let newest = h.and_then(newest_death_queue);
+            let own = format!("{}.wait.", self.names.intake_exchange);
+            return Some(RoutedFailure {
+                waited_ms: self.tier_ms(tier),
+                skip: usize::from(newest.is_some_and(|q| q.starts_with(&own))),
+                queue: Some(queue),
+                tier: tier.to_string(),
+            });
+        };
+        let h = h?;
+        let tier = as_text(next).unwrap_or_default();
         let queue = self.names.tier_queue_named(tier);
         // the ladder's own tier of that name, where an older Ladder routed it
         let newest = newest_death_queue(h);
@@ -150,6 +170,7 @@ impl<'a> HopContext<'a> {
             waited_ms: self.tier_ms(tier),
             skip,
             queue: Some(queue),
+            tier: tier.to_string(),
         })
     }
 

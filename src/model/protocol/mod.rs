@@ -389,7 +389,8 @@ impl Arrival<'static> {
 /// A failure the broker routed straight into a wait (see [`HopContext::routed_failure`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedFailure {
-    /// The tier queue it waited in (`N.delay.<retry-next>`, shared by the namespace's ladders).
+    /// The queue it waited in (`N.delay.<retry-next>`, shared by the namespace's ladders; or,
+    /// a first failure, the ladder's `N.L.wait.<tier>`).
     pub queue: Option<String>,
     /// How long it waited before it came due: the TTL of that tier (0 when `retry-next` names
     /// none).
@@ -397,6 +398,8 @@ pub struct RoutedFailure {
     /// How many of its newest `x-death` entries are that wait's (0 or 1): skipped when its
     /// destination and sender are read from the rest, as the intake reads them.
     pub skip: usize,
+    /// The tier it waited (its `retry-next`, or the first step it waited in `N.L.wait.<tier>`).
+    pub tier: String,
 }
 
 /// What to do with one delivery.

@@ -1202,7 +1202,7 @@ fn a_repeat_failure_routed_past_the_intake_is_taken_in_at_the_due_hop() {
     // the consumer rejects it at NOW + 210; the broker routes it into the 500 ms tier
     let back = rejected_into(&delivered.properties, "ns.default.delay.500ms");
     assert_eq!(
-        f.ctx().routed_failure(&back).map(|r| (r.waited_ms, r.skip)),
+        f.ctx().routed_failure(&back, b"").map(|r| (r.waited_ms, r.skip)),
         Some((500, 1))
     );
     let out = forward(f.ctx().due(&back, NOW + 710 + 2));
@@ -1327,7 +1327,7 @@ fn a_wait_the_service_schedules_never_carries_retry_next() {
         }),
         ..Default::default()
     };
-    assert_eq!(f.ctx().routed_failure(&leg), None);
+    assert_eq!(f.ctx().routed_failure(&leg, b""), None);
 }
 
 #[test]
@@ -1439,4 +1439,92 @@ fn a_scheduled_wait_drops_retry_next_and_comes_due_as_a_delivery() {
         None,
         "delivered as it was published"
     );
+}
+
+#[test]
+fn a_first_failure_that_waited_its_first_step_past_the_intake_is_taken_in_and_delivered() {
+    let f = fixture();
+    // an explicit consumer's first failure, as N.L.wait.200ms dead-letters it into N.L.due
+    let input = props(&[
+        ("retry-to", long_string("orders")),
+        ("retry-reason", long_string("timeout")),
+    ]);
+    let arrival = Arrival {
+        routing_key: b"wait.200ms",
+        ..Arrival::at(NOW + 205)
+    };
+    let routed = f
+        .ctx()
+        .routed_failure(&input, arrival.routing_key)
+        .expect("a first failure");
+    assert_eq!(
+        (
+            routed.waited_ms,
+            routed.skip,
+            routed.queue.as_deref(),
+            routed.tier.as_str()
+        ),
+        (200, 0, Some("ns.default.wait.200ms"), "200ms")
+    );
+    let out = forward(f.ctx().due_at(&input, &arrival).materialized(&input));
+    assert!(out.failure, "taken in here, as the intake would have");
+    assert_eq!(
+        (out.kind, &*out.exchange, &*out.routing_key, out.attempt),
+        (ForwardKind::Deliver, "", "orders", 1)
+    );
+    let p = &out.properties;
+    assert_eq!(header(p, "retry-attempt"), Some(&FieldValue::LongLongInt(1)));
+    assert_eq!(header(p, "retry-next"), Some(&long_string("500ms")));
+    assert_eq!(header(p, "retry-reason"), Some(&long_string("timeout")));
+    assert_eq!(
+        header(p, "retry-first-failed-at"),
+        Some(&FieldValue::LongLongInt((NOW + 5) as i64)),
+        "it failed its first step's TTL before it came due"
+    );
+    let history = parse_history(header(p, "retry-history").unwrap());
+    assert_eq!(
+        history.iter().map(|e| (e.attempt, e.tier.as_str())).collect::<Vec<_>>(),
+        [(1, "200ms")]
+    );
+
+    // the same checks as at the intake: a destination outside the allow-list is parked
+    let refused = props(&[("retry-to", long_string("payments"))]);
+    let park = parked(f.ctx().due_at(&refused, &arrival));
+    assert_eq!(park.reason, ParkReason::DestinationNotAllowed);
+    // no destination at all
+    let park = parked(f.ctx().due_at(&props(&[]), &arrival));
+    assert_eq!(park.reason, ParkReason::NoDestination);
+
+    // a wait the service scheduled comes due with a tier's name as its key: not a failure
+    let scheduled = forward(f.ctx().intake(&input, NOW));
+    let leg = Arrival {
+        routing_key: b"200ms",
+        ..Arrival::at(NOW + 205)
+    };
+    assert_eq!(f.ctx().routed_failure(&scheduled.properties, leg.routing_key), None);
+    // and a repeat failure's retry-next decides over a key that looks like a first wait's
+    let delivered = forward(f.ctx().due(&scheduled.properties, NOW + 205));
+    let back = rejected_into(&delivered.properties, "ns.delay.500ms");
+    let routed = f.ctx().routed_failure(&back, b"wait.200ms").unwrap();
+    assert_eq!((routed.tier.as_str(), routed.waited_ms), ("500ms", 500));
+}
+
+#[test]
+fn a_dead_lettered_first_wait_skips_its_own_death_entry() {
+    let f = fixture();
+    // forged into the wait with an x-death (N.L.sort sends those to the intake): the wait's own
+    // entry is skipped, so the destination is the queue it failed in
+    let mut input = props(&[]);
+    input.headers.as_mut().unwrap().set(
+        "x-death",
+        FieldValue::FieldArray(vec![expired("ns.default.wait.200ms"), death("orders")]),
+    );
+    let routed = f.ctx().routed_failure(&input, b"wait.200ms").unwrap();
+    assert_eq!(routed.skip, 1);
+    let arrival = Arrival {
+        routing_key: b"wait.200ms",
+        ..Arrival::at(NOW + 200)
+    };
+    let out = forward(f.ctx().due_at(&input, &arrival));
+    assert_eq!((&*out.routing_key, out.attempt), ("orders", 1));
 }
