@@ -117,6 +117,9 @@ pub struct Profile {
     pub child_env: Vec<(String, String)>,
     /// A command the ladder and the relays run under, alike (a profiler).
     pub wrap: Vec<String>,
+    /// The ladders' `first_failures` (`direct`: the bench's first failures wait their first step
+    /// past the intake, in the ladder and in the relay alike); `None`: the ladder's default.
+    pub first_failures: Option<String>,
 }
 
 impl Profile {
@@ -153,6 +156,7 @@ impl Profile {
             only: vec![],
             child_env: vec![],
             wrap: vec![],
+            first_failures: None,
         }
     }
 
@@ -199,6 +203,7 @@ impl Profile {
             only: vec![],
             child_env: vec![],
             wrap: vec![],
+            first_failures: None,
         }
     }
 }
@@ -385,10 +390,13 @@ impl Bench {
         std::fs::write(&path, main)?;
         for (name, backoff, queue_type, strategy) in ladders {
             let backoff: Vec<String> = backoff.iter().map(|b| format!("\"{b}\"")).collect();
-            let text = format!(
+            let mut text = format!(
                 "backoff = [{}]\nallow = [\"^{ns}-\"]\nqueue_type = \"{queue_type}\"\ndead_letter_strategy = \"{strategy}\"\n",
                 backoff.join(", ")
             );
+            if let Some(first) = &self.profile.first_failures {
+                text.push_str(&format!("first_failures = \"{first}\"\n"));
+            }
             std::fs::write(dir.join("ladders").join(format!("{name}.toml")), text)?;
         }
         let config = ladder::config::load(&path, &HashMap::new()).map_err(|e| anyhow!("{e}"))?;
@@ -522,18 +530,22 @@ impl Bench {
                     "ladder" => self.ladder.as_ref().map(Child::pid).unwrap_or(0),
                     _ => self.relays[cfg.key].pid(),
                 };
+                let mut watch = vec![
+                    names.intake_queue.clone(),
+                    names.tier_queue_named(TIER),
+                    names.due.clone(),
+                    dest.clone(),
+                ];
+                // the first failures' wait, with first_failures = "direct"
+                let direct = config.ladders.iter().find(|l| l.name == cfg.ladder);
+                if let Some(first) = direct.and_then(|l| l.first_route()) {
+                    watch.push(names.wait_queue(first));
+                }
                 self.targets.push(Target {
                     label,
                     cfg,
                     intake_exchange: names.intake_exchange.clone(),
-                    watch: vec![
-                        names.intake_queue.clone(),
-                        names.tier_queue_named(TIER),
-                        // the first failures' wait (routed past the intake)
-                        names.wait_queue_named(TIER),
-                        names.due.clone(),
-                        dest.clone(),
-                    ],
+                    watch,
                     dest,
                     collector,
                     pid,

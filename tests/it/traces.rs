@@ -59,6 +59,35 @@ fn has(span: &SpanData, key: &str, value: impl Into<Value>) -> bool {
     attr(span, key) == Some(&value.into())
 }
 
+/// Publishes `traced` with message id `id` into `queue` as a producer in trace `trace` (hex),
+/// from its span `span` (hex), would; returns both.
+async fn publish_traced(t: &TestLadder, queue: &str, trace: &str, span: &str, id: &str) -> (TraceId, SpanId) {
+    let mut headers = FieldTable::default();
+    headers.set("traceparent", text(&format!("00-{trace}-{span}-01")));
+    t.publish(
+        "",
+        queue,
+        b"traced",
+        BasicProperties::default().with_message_id(id).with_headers(headers),
+    )
+    .await;
+    (TraceId::from_hex(trace).unwrap(), SpanId::from_hex(span).unwrap())
+}
+
+/// Takes the next delivery from `queue` and fails it as an explicit consumer does: republished
+/// to the ladder with `retry-to`, then acked.
+async fn fail_next(t: &TestLadder, consumer: &mut TestConsumer, queue: &str) {
+    let d = next(consumer).await;
+    t.publish(
+        &t.intake(),
+        "",
+        &d.body,
+        republish_props(&d, &[("retry-to", text(queue))]),
+    )
+    .await;
+    consumer.ack(&d);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_failures_then_parked_is_one_trace_with_the_waits_in_it() {
     let (state, exporter) = traced_state();
@@ -67,31 +96,17 @@ async fn three_failures_then_parked_is_one_trace_with_the_waits_in_it() {
     let mut consumer = t.consume(&orders).await;
 
     // the producer's own span: the whole life of the message must join its trace
-    let trace_id = TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
-    let root = SpanId::from_hex("00f067aa0ba902b7").unwrap();
-    let mut headers = FieldTable::default();
-    headers.set(
-        "traceparent",
-        text("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-    );
-    t.publish(
-        "",
+    let (trace_id, root) = publish_traced(
+        &t,
         &orders,
-        b"traced",
-        BasicProperties::default().with_message_id("t-1").with_headers(headers),
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "00f067aa0ba902b7",
+        "t-1",
     )
     .await;
 
     for _ in 0..4 {
-        let d = next(&mut consumer).await;
-        t.publish(
-            &t.intake(),
-            "",
-            &d.body,
-            republish_props(&d, &[("retry-to", text(&orders))]),
-        )
-        .await;
-        consumer.ack(&d);
+        fail_next(&t, &mut consumer, &orders).await;
     }
     t.parked(1).await;
 
@@ -191,4 +206,60 @@ async fn a_message_without_trace_context_starts_a_new_trace() {
         .unwrap();
     assert_eq!(intake.parent_span_id, SpanId::INVALID, "a new root");
     assert!(spans.iter().any(|s| s.name.starts_with("wait ")));
+}
+
+/// With `first_failures = "direct"`, the first failure skips the intake and its trace says so:
+/// the wait in the ladder's first wait (`N.L.wait.<step>`) under the producer's span, then the
+/// due hop's process span (which takes it in: attempt 1) and its send to the destination — no
+/// intake span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_first_failure_is_traced_through_its_first_wait() {
+    let (state, exporter) = traced_state();
+    let ladder = "backoff = [\"200ms\", \"500ms\"]\nallow = [\"^{ns}-\"]\nfirst_failures = \"direct\"\n";
+    let mut t = TestLadder::start_with_state("trace-direct", ladder, state).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let (trace_id, root) = publish_traced(
+        &t,
+        &orders,
+        "5bf92f3577b34da6a3ce929d0e0e4736",
+        "10f067aa0ba902b7",
+        "d-1",
+    )
+    .await;
+    fail_next(&t, &mut consumer, &orders).await;
+    let retry = next(&mut consumer).await;
+    assert_eq!(int_header(&retry, "retry-attempt"), Some(1));
+    consumer.ack(&retry);
+
+    let spans = spans_of(&exporter, trace_id, 3).await;
+    let wait_name = format!("wait {}.default.wait.200ms", t.ns);
+    let wait = spans
+        .iter()
+        .find(|s| s.name == wait_name)
+        .unwrap_or_else(|| panic!("a span {wait_name}: {:?}", names(&spans)));
+    assert_eq!(wait.parent_span_id, root, "it continues the producer's trace");
+    assert!(has(wait, "ladder.tier", "200ms"));
+    let waited = wait.end_time.duration_since(wait.start_time).unwrap();
+    assert!(
+        waited >= Duration::from_millis(195) && waited < Duration::from_millis(1_700),
+        "waited {waited:?}"
+    );
+    let due = spans
+        .iter()
+        .find(|s| s.parent_span_id == wait.span_context.span_id() && s.name == format!("process {}.default.due", t.ns))
+        .expect("the due hop's process span under the wait");
+    assert!(has(due, "ladder.attempt", 1));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.parent_span_id == due.span_context.span_id() && s.name == format!("send {orders}")),
+        "{:?}",
+        names(&spans)
+    );
+    assert!(
+        !spans.iter().any(|s| s.name.ends_with(".intake")),
+        "no intake span: {:?}",
+        names(&spans)
+    );
 }
