@@ -38,6 +38,8 @@ use crate::stats::{Pcts, pcts};
 const DELAY_MS: u64 = 1000;
 /// The ladder without a hold, and the one with `auto_hold`.
 const RETRY: &str = "retry";
+/// The ladder with `first_failures = "direct"` (`native --explicit`).
+const DIRECT: &str = "direct";
 const AUTO: &str = "autohold";
 /// Publishes in flight (unconfirmed) at once.
 const WINDOW: usize = 20_000;
@@ -64,6 +66,12 @@ pub struct NativeArgs {
     /// dead-lettering, deliveries, acks) and reported per retry.
     #[arg(long)]
     pub ctl: Option<String>,
+    /// Also Ladder in explicit mode (the consumer republishes a failure to the ladder's exchange
+    /// with `retry-to`, acking once confirmed), on two more sides: `ladder-explicit` (a ladder
+    /// with the default `first_failures = "intake"`) and `ladder-direct` (`first_failures =
+    /// "direct"`: the first failure waits its first step past the intake).
+    #[arg(long)]
+    pub explicit: bool,
 }
 
 /// `ladder-bench outage`.
@@ -436,6 +444,43 @@ async fn ladder_side(
     })
 }
 
+/// A Ladder side in explicit mode through ladder `ladder`: a plain quorum work queue, whose
+/// consumer republishes each failure to the ladder's exchange with `retry-to`.
+async fn explicit_side(
+    svc: &Service,
+    registry: &Registry,
+    key: &'static str,
+    ladder: &str,
+    failures: u32,
+) -> Result<Side> {
+    let queue = format!("{}-work-{ladder}-explicit", svc.ns);
+    let mut args = FieldTable::new();
+    args.set("x-queue-type", text("quorum"));
+    broker::declare_queue(&svc.ctl, registry, &queue, args).await?;
+    let names = svc.names(ladder);
+    let spec = svc.spec(ladder);
+    let mut watch = vec![
+        queue.clone(),
+        names.intake_queue.clone(),
+        names.due.clone(),
+        svc.tier_queue(ladder, &spec.tier_for_attempt(1).name),
+    ];
+    if let Some(first) = spec.first_route() {
+        watch.push(names.wait_queue(first));
+    }
+    let fail = Fail::Ladder {
+        intake: names.intake_exchange.clone(),
+        publish: broker::confirm_channel(&svc.consume).await?,
+    };
+    Ok(Side {
+        key,
+        failer: Failer::start(&svc.consume, &queue, fail, failures).await?,
+        watch,
+        queue,
+        ladder: true,
+    })
+}
+
 /// A message for `queue` through the default exchange: persistent, the benchmark body.
 fn message(queue: &str, id: u32, seq: u64) -> Msg {
     Msg {
@@ -475,6 +520,8 @@ pub struct NativePlan {
     pub rounds: u32,
     /// A `rabbitmqctl` for the node, to count its operations.
     pub ctl: Option<String>,
+    /// The explicit-mode sides too.
+    pub explicit: bool,
 }
 
 impl NativePlan {
@@ -491,6 +538,7 @@ impl NativePlan {
             secs: args.secs.unwrap_or(if smoke { 2.0 } else { 10.0 }),
             rounds: args.rounds.unwrap_or(if smoke { 1 } else { 2 }).max(1),
             ctl: args.ctl.clone(),
+            explicit: args.explicit,
         }
     }
 }
@@ -510,15 +558,24 @@ pub async fn measure_native(
     let max_attempts = format!("max_attempts = {limit}\n");
     let ns_file = |ns: &str| ladder_file(ns, "1s", &max_attempts);
     let ns = format!("bench-{}-0", std::process::id());
-    let mut svc = service(url, &[(RETRY, ns_file(&ns))], work, ladder_bin, registry).await?;
+    let mut ladders = vec![(RETRY, ns_file(&ns))];
+    if plan.explicit {
+        let direct = format!("{max_attempts}first_failures = \"direct\"\n");
+        ladders.push((DIRECT, ladder_file(&ns, "1s", &direct)));
+    }
+    let mut svc = service(url, &ladders, work, ladder_bin, registry).await?;
     out.machine.rabbitmq = version;
     out.machine.broker = svc.host_port();
     out.broker_cpu_measured = svc.broker_pid.is_some();
-    let sides = [
+    let mut sides = vec![
         plain_side(&svc, registry).await?,
         native_side(&svc, registry, plan.failures, limit).await?,
         ladder_side(&svc, registry, "ladder", RETRY, plan.failures).await?,
     ];
+    if plan.explicit {
+        sides.push(explicit_side(&svc, registry, "ladder-explicit", RETRY, plan.failures).await?);
+        sides.push(explicit_side(&svc, registry, "ladder-direct", DIRECT, plan.failures).await?);
+    }
     eprintln!(
         "native delayed retry vs Ladder (dead-letter mode) on {} ({}): {} failure(s) per message, rates {:?} retries/s, {} s windows, {} round(s)",
         svc.host_port(),
@@ -959,21 +1016,23 @@ pub fn native_markdown(r: &NativeResults) -> String {
     }
     let _ = writeln!(
         o,
-        "\n| retries/s | Ladder / native: total CPU | broker CPU | p50 lateness | p99 lateness |\n|---|---|---|---|---|"
+        "\n| retries/s | side | side / native: total CPU | broker CPU | p50 lateness | p99 lateness |\n|---|---|---|---|---|---|"
     );
     let mut rates: Vec<f64> = r.pooled.iter().map(|p| p.rate).collect();
     rates.dedup();
     for rate in rates {
         let find = |side: &str| r.pooled.iter().find(|p| p.side == side && p.rate == rate);
-        if let (Some(n), Some(l)) = (find("native"), find("ladder")) {
-            let _ = writeln!(
-                o,
-                "| {rate:.0} | {} | {} | {} | {} |",
-                ratio(l.total_per_10k, n.total_per_10k),
-                ratio(l.broker_per_10k, n.broker_per_10k),
-                ratio(l.late.p50 as f64, n.late.p50 as f64),
-                ratio(l.late.p99 as f64, n.late.p99 as f64)
-            );
+        for side in ["ladder", "ladder-explicit", "ladder-direct"] {
+            if let (Some(n), Some(l)) = (find("native"), find(side)) {
+                let _ = writeln!(
+                    o,
+                    "| {rate:.0} | {side} | {} | {} | {} | {} |",
+                    ratio(l.total_per_10k, n.total_per_10k),
+                    ratio(l.broker_per_10k, n.broker_per_10k),
+                    ratio(l.late.p50 as f64, n.late.p50 as f64),
+                    ratio(l.late.p99 as f64, n.late.p99 as f64)
+                );
+            }
         }
     }
     // what the retry itself costs: a side's CPU per retry less its messages' own cost (a plain

@@ -148,7 +148,7 @@ impl Names {
     /// `N.L.wait.<tier>` (with the ladder's [`tier_family`](Names::tier_family)): where a first
     /// failure the broker routed past the intake waits the ladder's first step, `tier`. Its
     /// `x-message-ttl` is the tier's; it dead-letters into `N.L.due` with the routing key
-    /// [`Names::wait_key`], by which the due hop knows it for a first failure.
+    /// [`wait_key`], by which the due hop knows it for a first failure.
     pub fn wait_queue(&self, tier: &Tier) -> String {
         self.wait_queue_named(&tier.name)
     }
