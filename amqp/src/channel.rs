@@ -218,6 +218,9 @@ struct ChannelState {
     incoming: Option<Incoming>,
     /// Headers left out of the deliveries' properties (see [`Channel::skip_header_keys`]).
     skipped_headers: &'static [&'static str],
+    /// Deliveries whose routing key begins with this keep them (see
+    /// [`Channel::skip_header_keys_unless_routed`]).
+    keep_headers_routed: Option<&'static str>,
 }
 
 struct Call {
@@ -338,7 +341,7 @@ impl ChannelShared {
                 let (size, props) = content_header(&frame.payload)?;
                 let complete = {
                     let mut st = self.lock();
-                    let skipped = st.skipped_headers;
+                    let (skipped, keep) = (st.skipped_headers, st.keep_headers_routed);
                     let Some(incoming) = st.incoming.as_mut() else {
                         return if st.closing || st.error.is_some() {
                             Ok(())
@@ -348,7 +351,13 @@ impl ChannelShared {
                     };
                     incoming.size = size;
                     incoming.body = Vec::with_capacity(size.min(BODY_PREALLOCATE_MAX) as usize);
-                    let mut r = Reader::new(props).skipping(skipped);
+                    let kept = match (&incoming.kind, keep) {
+                        (IncomingKind::Deliver { routing_key, .. }, Some(prefix)) => {
+                            routing_key.as_bytes().starts_with(prefix.as_bytes())
+                        }
+                        _ => false,
+                    };
+                    let mut r = Reader::new(props).skipping(if kept { &[] } else { skipped });
                     incoming.properties = Some(match BasicProperties::decode(&mut r) {
                         Ok(p) => WireProperties::Decoded(Box::new(p)),
                         Err(error) => WireProperties::Raw {
@@ -723,6 +732,14 @@ impl Channel {
     /// decoding, copying and freeing them.
     pub fn skip_header_keys(&self, keys: &'static [&'static str]) {
         self.shared().lock().skipped_headers = keys;
+    }
+
+    /// As [`Channel::skip_header_keys`], except for deliveries whose routing key begins with
+    /// `prefix`: those arrive with every header, for a consumer that reads them on those only.
+    pub fn skip_header_keys_unless_routed(&self, keys: &'static [&'static str], prefix: &'static str) {
+        let mut st = self.shared().lock();
+        st.skipped_headers = keys;
+        st.keep_headers_routed = Some(prefix);
     }
 
     /// `basic.qos` for this channel's consumers.

@@ -146,6 +146,48 @@ async fn a_routing_key_that_is_not_utf8_routes_and_arrives_as_sent() {
     ch.exchange_delete(&x).await.unwrap();
 }
 
+/// `skip_header_keys_unless_routed`: the skipped headers are stepped over on every delivery but
+/// those whose routing key begins with the prefix, which arrive with every header.
+#[tokio::test]
+async fn skipped_headers_are_kept_on_deliveries_routed_with_the_prefix() {
+    let conn = connect().await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select().await.unwrap();
+    let q = unique("skip");
+    let x = unique("skip-x");
+    queue(&ch, &q).await;
+    ch.exchange_declare(&x, "fanout", false, FieldTable::new())
+        .await
+        .unwrap();
+    ch.queue_bind(&q, &x, "", FieldTable::new()).await.unwrap();
+    let mut headers = FieldTable::new();
+    headers.set("x-death", FieldValue::LongString(b"annotation".to_vec().into()));
+    headers.set("kept", FieldValue::LongInt(1));
+    let props = BasicProperties::default().with_headers(headers);
+    for key in ["wait.1s", "1s", "await.1s"] {
+        let confirm = ch
+            .basic_publish(x.as_bytes(), key.as_bytes(), true, &props, b"x")
+            .unwrap();
+        assert_eq!(timeout(WAIT, confirm).await.unwrap().unwrap(), Confirmation::Ack);
+    }
+    let reader = conn.create_channel().await.unwrap();
+    reader.skip_header_keys_unless_routed(&["x-death"], "wait.");
+    let mut consumer = reader.basic_consume(&q, "", true, FieldTable::new()).await.unwrap();
+    for (key, kept) in [("wait.1s", true), ("1s", false), ("await.1s", false)] {
+        let d = next(&mut consumer).await;
+        assert_eq!(d.routing_key.as_bytes(), key.as_bytes());
+        let h = d.properties.headers.as_ref().unwrap();
+        assert_eq!(h.get("x-death").is_some(), kept, "{key}");
+        assert_eq!(
+            h.get("kept"),
+            Some(&FieldValue::LongInt(1)),
+            "{key}: the others always arrive"
+        );
+    }
+    ch.queue_delete(&q).await.unwrap();
+    ch.exchange_delete(&x).await.unwrap();
+}
+
 /// Regression: a return was handed to whichever publish's confirm completed next (lapin
 /// 4.12.3), so with many mandatory publishes in flight some missing-queue publishes looked
 /// delivered and some delivered ones looked returned.

@@ -267,8 +267,12 @@ pub async fn serve_on(
         // quarantine read them (dead-letter mode, why a message was dead-lettered), and so does
         // the due hop of a ladder that lists senders: the sender rule on a failure the broker
         // routed past the intake asks whether it was dead-lettered (`Mode`).
+        // A first failure that comes due from the ladder's first wait (`first_failures =
+        // "direct"`, routing key `wait.<step>`) keeps them: a dead-lettered one's destination
+        // is read from its `x-death`.
         if ladder.spec.senders.is_none() {
-            channel.skip_header_keys(ladder_amqp::DEAD_LETTER_HEADERS);
+            channel
+                .skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, crate::model::names::WAIT_KEY_PREFIX);
         }
     }
     let queue = queue.unwrap_or(ladder.queue(hop));

@@ -69,8 +69,8 @@ pub enum FirstFailures {
     #[default]
     Intake,
     /// A first failure that needs nothing of the intake (no `retry-delay`, `x-delay`,
-    /// `delay-until`, `x-death`, `retry-attempt` or `retry-next`: an explicit consumer's first
-    /// republish) waits its first step in the ladder's own `N.L.wait.<tier>` and is taken in by
+    /// `delay-until`, `retry-attempt` or `retry-next`: a consumer's first reject or republish)
+    /// waits its first step in the ladder's own `N.L.wait.<tier>` and is taken in by
     /// the due hop when it comes due — one enqueue and one pass through the service fewer. Its
     /// checks, count and park come a first step later, and while it waits the service has not
     /// seen it (the accounting and the Destinations page count it from then on).

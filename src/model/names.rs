@@ -36,9 +36,10 @@ pub struct Names {
     /// above all — bound to `N.L.sort`.
     pub first_exchange: String,
     /// `N.L.sort`: the headers exchange that sends a first failure to `N.L.intake` when the
-    /// intake must take it (it carries `retry-delay`, `x-delay`, `delay-until`, `x-death`, a
-    /// `retry-attempt` or a `retry-next` no tier took; every one, for a ladder with `jitter`),
-    /// and every other through its alternate exchange, `N.L.wait`, into its first wait.
+    /// intake must take it (every one, unless the ladder has `first_failures = "direct"`; then
+    /// one that carries `retry-delay`, `x-delay`, `delay-until`, a `retry-attempt` or a
+    /// `retry-next` no tier took), and every other through its alternate exchange, `N.L.wait`,
+    /// into its first wait.
     pub sort_exchange: String,
     /// `N.L.wait`: the fanout exchange of the first failures `N.L.sort` does not send to the
     /// intake, bound to the queue where they wait the ladder's first step

@@ -559,17 +559,17 @@ fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str
 /// The headers whose presence sends a first failure to the intake rather than into its first
 /// wait (`N.L.sort`): a delay the consumer asks for (`retry-delay`: the intake parks one beyond
 /// 49 days at once and otherwise waits it exactly) or a scheduled delivery (`x-delay`,
-/// `delay-until`); a dead-lettered message (`x-death`: its destination is read from it, which
-/// the due hop steps over undecoded, and a replica of a release before this route would not
-/// know where to deliver it); and a message that was retried before (`retry-attempt`, or a
-/// `retry-next` no tier of the ladder took), whose step the intake counts.
-pub const FIRST_FOR_INTAKE: [&str; 6] = [
+/// `delay-until`); and a message that was retried before (`retry-attempt`, or a `retry-next` no
+/// tier of the ladder took), whose step the intake counts. Not `x-death`: a dead-lettered first
+/// failure takes the first wait too (RabbitMQ 4.x keeps its deaths out of the headers a headers
+/// exchange matches, so it could not be told apart there), and the due hop reads its
+/// destination from `x-death`, which its channel decodes for what comes from the first wait.
+pub const FIRST_FOR_INTAKE: [&str; 5] = [
     RETRY_NEXT,
     RETRY_ATTEMPT,
     header::RETRY_DELAY,
     header::X_DELAY,
     header::DELAY_UNTIL,
-    header::X_DEATH,
 ];
 
 /// The `N.L.sort` → `N.L.intake` match: any of [`FIRST_FOR_INTAKE`], present with any value
@@ -722,7 +722,7 @@ mod tests {
             "unbind   ns.orders.first -> ns.orders.intake key=\"\"",
             "exchange ns.orders.sort type=headers durable alternate-exchange=ns.orders.wait",
             "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
-             retry-delay=* x-delay=* delay-until=* x-death=*",
+             retry-delay=* x-delay=* delay-until=*",
             // first_failures = "intake" (the default): the sort sends every one to the intake
             "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=all",
             "exchange ns.orders.wait type=fanout durable",
@@ -776,7 +776,7 @@ mod tests {
              x-dead-letter-strategy=at-least-once x-overflow=reject-publish",
             "binding  ns.orders.wait -> ns.orders.wait.10s key=\"\"",
             "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
-             retry-delay=* x-delay=* delay-until=* x-death=*",
+             retry-delay=* x-delay=* delay-until=*",
             "unbind   ns.orders.sort -> ns.orders.intake key=\"\" x-match=all",
         ] {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");

@@ -216,7 +216,7 @@ fn contract(ns: &str) -> Vec<String> {
         format!("exchange {n}.sort type=headers durable alternate-exchange={n}.wait"),
         format!(
             "binding  {n}.sort -> {n}.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* retry-delay=* \
-             x-delay=* delay-until=* x-death=*"
+             x-delay=* delay-until=*"
         ),
         format!("binding  {n}.sort -> {n}.intake key=\"\" x-match=all"),
         format!("exchange {n}.first type=fanout durable"),

@@ -320,30 +320,14 @@ async fn a_first_failure_waits_its_first_step_past_the_intake() {
 }
 
 /// With `first_failures = "direct"`, what the intake must take still goes there from
-/// `N.L.sort`, each taken in once: a first
-/// failure asking for a delay (`retry-delay`), one dead-lettered by its queue (`x-death`: the
-/// match is `any-with-x`, as a plain `any` ignores headers that begin with `x-`), one retried
-/// before that carries a `retry-attempt` but no `retry-next` (a delivery of an older release),
-/// and one whose `retry-next` names no tier of the ladder (a step taken out since).
+/// `N.L.sort`, each taken in once: a first failure asking for a delay (`retry-delay`), one
+/// retried before that carries a `retry-attempt` but no `retry-next` (a delivery of an older
+/// release), and one whose `retry-next` names no tier of the ladder (a step taken out since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_failures_the_intake_must_take_still_go_through_it() {
     let mut t = TestLadder::start("onehop-sort", TWO_TIERS_DIRECT).await;
-    let mut args = FieldTable::default();
-    args.set("x-dead-letter-exchange", text(&t.intake()));
-    let orders = t.declare_queue("orders", args).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
     let mut consumer = t.consume(&orders).await;
-
-    // dead-letter mode: published to the queue, rejected by its consumer
-    t.publish(
-        "",
-        &orders,
-        b"dead-lettered",
-        BasicProperties::default().with_delivery_mode(2),
-    )
-    .await;
-    let d = next(&mut consumer).await;
-    assert_eq!(d.body, b"dead-lettered");
-    consumer.reject(&d, false);
     let with = |key: &str, value: FieldValue| {
         let mut p = retry_props(&orders, None);
         p.headers.as_mut().unwrap().set(key, value);
@@ -366,7 +350,7 @@ async fn first_failures_the_intake_must_take_still_go_through_it() {
     t.publish(&t.intake(), "", b"retry-next", with("retry-next", text("9s")))
         .await;
 
-    let mut got: Vec<(Vec<u8>, Option<i64>)> = receive(&mut consumer, 4)
+    let mut got: Vec<(Vec<u8>, Option<i64>)> = receive(&mut consumer, 3)
         .await
         .into_iter()
         .map(|d| {
@@ -378,18 +362,59 @@ async fn first_failures_the_intake_must_take_still_go_through_it() {
     assert_eq!(
         got,
         [
-            (b"dead-lettered".to_vec(), Some(1)),
             (b"retry-attempt".to_vec(), Some(2)),
             (b"retry-delay".to_vec(), Some(1)),
             (b"retry-next".to_vec(), Some(1)),
         ]
     );
-    assert_eq!(received(&t, Hop::Intake), 4, "each through the intake, once");
-    assert_eq!(
-        queue_depth(&t.client, &format!("{}.{}.wait.300ms", t.ns, t.ladder)).await,
-        0,
-        "none waited in the first wait"
-    );
+    assert_eq!(received(&t, Hop::Intake), 3, "each through the intake, once");
+    assert_eq!(received(&t, Hop::Due), 3, "none through the first wait");
     t.assert_nothing_more("a duplicate", &mut consumer, &orders, Via::Ladder)
+        .await;
+}
+
+/// With `first_failures = "direct"`, a first failure in dead-letter mode (the queue dead-letters
+/// into `N.L`, the consumer rejects) waits its first step past the intake too: the due hop reads
+/// its destination from the `x-death` entry before the first wait's own, which its channel
+/// decodes for what comes from the first wait; the repeat failures then climb as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_first_failure_waits_its_first_step_past_the_intake_too() {
+    let mut t = TestLadder::start("onehop-first-dl", TWO_TIERS_DIRECT).await;
+    let mut args = FieldTable::default();
+    args.set("x-dead-letter-exchange", text(&t.intake()));
+    let orders = t.declare_queue("orders", args).await;
+    let mut consumer = t.consume(&orders).await;
+    t.publish("", &orders, b"body", BasicProperties::default().with_delivery_mode(2))
+        .await;
+    let d = next(&mut consumer).await;
+    let failed = Instant::now();
+    consumer.reject(&d, false);
+    let first = next(&mut consumer).await;
+    let waited = failed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited <= Duration::from_millis(300) + TOLERANCE,
+        "the first retry after {waited:?}, its step is 300 ms"
+    );
+    assert_eq!(int_header(&first, "retry-attempt"), Some(1));
+    assert_eq!(
+        headers_of(&first).get("retry-to"),
+        Some(&text(&orders)),
+        "read from x-death"
+    );
+    assert_eq!(headers_of(&first).get("retry-next"), Some(&text("600ms")));
+    assert!(headers_of(&first).get("x-death").is_none(), "x-death stripped");
+    assert_eq!(received(&t, Hop::Intake), 0, "the first failure skipped the intake");
+    let mut last = first;
+    for attempt in 2..=3 {
+        consumer.reject(&last, false);
+        last = next(&mut consumer).await;
+        assert_eq!(int_header(&last, "retry-attempt"), Some(attempt));
+    }
+    consumer.reject(&last, false);
+    let parked = t.parked(1).await.remove(0);
+    assert_eq!(parked.reason, "max-attempts");
+    assert_eq!(parked.destination.as_deref(), Some(orders.as_str()));
+    assert_eq!(received(&t, Hop::Intake), 1, "only to park the last");
+    t.assert_nothing_more("another delivery", &mut consumer, &orders, Via::Ladder)
         .await;
 }
