@@ -41,11 +41,11 @@ struct Crash {
 }
 
 impl Crash {
-    fn configure(hint: &str) -> Self {
+    fn configure(hint: &str, ladder: &str) -> Self {
         let ns = unique_namespace(hint);
         let dir = tempfile::tempdir().unwrap();
         // an ephemeral admin port: both tests run a service at once, and 9464 may be taken
-        let config_path = write_config(dir.path(), &ns, ADMIN_ANY_PORT, "default", LADDER);
+        let config_path = write_config(dir.path(), &ns, ADMIN_ANY_PORT, "default", ladder);
         let config = ladder::config::load(&config_path, &HashMap::new()).expect("test config is valid");
         let (queues, exchanges) = declared_names(&config);
         Crash {
@@ -196,7 +196,12 @@ async fn collect(
 
 /// A running service with a confirming client channel and a declared destination queue.
 async fn serving(hint: &str) -> (Crash, Connection, ladder_amqp::Channel, String) {
-    let mut t = Crash::configure(hint);
+    serving_ladder(hint, LADDER).await
+}
+
+/// [`serving`] with the ladder file `ladder`.
+async fn serving_ladder(hint: &str, ladder: &str) -> (Crash, Connection, ladder_amqp::Channel, String) {
+    let mut t = Crash::configure(hint, ladder);
     let conn = connect().await;
     let orders = format!("{}-orders", t.ns());
     t.queues.push(orders.clone());
@@ -386,8 +391,23 @@ async fn regression_deeply_nested_header_is_parked_not_a_crash() {
 /// twice (a retry delivered again after the kill carries the same attempt).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeat_failures_routed_past_the_intake_survive_a_kill() {
+    routed_failures_survive_a_kill("crash-routed", LADDER).await;
+}
+
+/// The same with `first_failures = "direct"`: the first failures too wait past the intake (in
+/// `N.L.wait.<step>`) while the service is killed and started again, and the due hop takes them
+/// in; none is lost or counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_failures_past_the_intake_survive_a_kill() {
+    let direct = format!("{LADDER}first_failures = \"direct\"\n");
+    routed_failures_survive_a_kill("crash-direct", &direct).await;
+}
+
+/// 300 messages in dead-letter mode, each rejected twice, with the service killed (SIGKILL) and
+/// started again once a tenth reached their last retry.
+async fn routed_failures_survive_a_kill(hint: &str, ladder: &str) {
     const MESSAGES: usize = 300;
-    let (mut t, conn, ch, _) = serving("crash-routed").await;
+    let (mut t, conn, ch, _) = serving_ladder(hint, ladder).await;
     let names = t.names.clone();
     // dead-letter mode: the destination rejects into the ladder's exchange
     let orders = format!("{}-dl-orders", t.ns());
@@ -416,7 +436,8 @@ async fn repeat_failures_routed_past_the_intake_survive_a_kill() {
     assert!(confirmed.iter().all(|c| *c == Confirmation::Ack));
 
     // the consumer fails the original and the first retry, and takes the second (the last the
-    // ladder allows): attempt 1 comes through the intake, attempt 2 is routed past it
+    // ladder allows): attempt 1 comes through the intake (past it, with first_failures =
+    // "direct"), attempt 2 is routed past it
     let mut destination = consumer(&conn, &orders, FieldTable::default()).await;
     let mut done: HashSet<String> = HashSet::new();
     let mut killed = false;
