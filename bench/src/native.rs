@@ -15,7 +15,8 @@
 //! consumer rejects with requeue. Ladder side: the real `ladder run`, ladder `retry` with
 //! `backoff = ["1s"]`, in dead-letter mode: its work queue (quorum) dead-letters into the
 //! ladder's exchange and the consumer rejects without requeue. Everything declared is deleted at
-//! the end; no broker is stopped or restarted.
+//! the end; no broker is stopped or restarted. With `--direct`, one more side, `ladder-direct`:
+//! the same through a ladder with `first_failures = "direct"`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -38,7 +39,7 @@ use crate::stats::{Pcts, pcts};
 const DELAY_MS: u64 = 1000;
 /// The ladder without a hold, and the one with `auto_hold`.
 const RETRY: &str = "retry";
-/// The ladder with `first_failures = "direct"` (`native --explicit`).
+/// The ladder with `first_failures = "direct"` (`native --direct`).
 const DIRECT: &str = "direct";
 const AUTO: &str = "autohold";
 /// Publishes in flight (unconfirmed) at once.
@@ -66,12 +67,10 @@ pub struct NativeArgs {
     /// dead-lettering, deliveries, acks) and reported per retry.
     #[arg(long)]
     pub ctl: Option<String>,
-    /// Also Ladder in explicit mode (the consumer republishes a failure to the ladder's exchange
-    /// with `retry-to`, acking once confirmed), on two more sides: `ladder-explicit` (a ladder
-    /// with the default `first_failures = "intake"`) and `ladder-direct` (`first_failures =
-    /// "direct"`: the first failure waits its first step past the intake).
+    /// One more side, `ladder-direct`: the same dead-letter mode through a ladder with
+    /// `first_failures = "direct"` (the first failure waits its first step past the intake).
     #[arg(long)]
-    pub explicit: bool,
+    pub direct: bool,
 }
 
 /// `ladder-bench outage`.
@@ -438,47 +437,20 @@ async fn ladder_side(
     Ok(Side {
         key,
         failer: Failer::start(&svc.consume, &queue, Fail::DeadLetter, failures).await?,
-        watch: vec![queue.clone(), names.intake_queue.clone(), names.due.clone(), tier],
+        watch: [queue.clone(), names.intake_queue.clone(), names.due.clone(), tier]
+            .into_iter()
+            .chain(spec_first_wait(svc, ladder))
+            .collect(),
         queue,
         ladder: true,
     })
 }
 
-/// A Ladder side in explicit mode through ladder `ladder`: a plain quorum work queue, whose
-/// consumer republishes each failure to the ladder's exchange with `retry-to`.
-async fn explicit_side(
-    svc: &Service,
-    registry: &Registry,
-    key: &'static str,
-    ladder: &str,
-    failures: u32,
-) -> Result<Side> {
-    let queue = format!("{}-work-{ladder}-explicit", svc.ns);
-    let mut args = FieldTable::new();
-    args.set("x-queue-type", text("quorum"));
-    broker::declare_queue(&svc.ctl, registry, &queue, args).await?;
-    let names = svc.names(ladder);
-    let spec = svc.spec(ladder);
-    let mut watch = vec![
-        queue.clone(),
-        names.intake_queue.clone(),
-        names.due.clone(),
-        svc.tier_queue(ladder, &spec.tier_for_attempt(1).name),
-    ];
-    if let Some(first) = spec.first_route() {
-        watch.push(names.wait_queue(first));
-    }
-    let fail = Fail::Ladder {
-        intake: names.intake_exchange.clone(),
-        publish: broker::confirm_channel(&svc.consume).await?,
-    };
-    Ok(Side {
-        key,
-        failer: Failer::start(&svc.consume, &queue, fail, failures).await?,
-        watch,
-        queue,
-        ladder: true,
-    })
+/// The first wait of ladder `ladder` (`N.L.wait.<step>`), if it has `first_failures = "direct"`.
+fn spec_first_wait(svc: &Service, ladder: &str) -> Option<String> {
+    svc.spec(ladder)
+        .first_route()
+        .map(|first| svc.names(ladder).wait_queue(first))
 }
 
 /// A message for `queue` through the default exchange: persistent, the benchmark body.
@@ -520,8 +492,8 @@ pub struct NativePlan {
     pub rounds: u32,
     /// A `rabbitmqctl` for the node, to count its operations.
     pub ctl: Option<String>,
-    /// The explicit-mode sides too.
-    pub explicit: bool,
+    /// The `ladder-direct` side too.
+    pub direct: bool,
 }
 
 impl NativePlan {
@@ -538,7 +510,7 @@ impl NativePlan {
             secs: args.secs.unwrap_or(if smoke { 2.0 } else { 10.0 }),
             rounds: args.rounds.unwrap_or(if smoke { 1 } else { 2 }).max(1),
             ctl: args.ctl.clone(),
-            explicit: args.explicit,
+            direct: args.direct,
         }
     }
 }
@@ -559,7 +531,7 @@ pub async fn measure_native(
     let ns_file = |ns: &str| ladder_file(ns, "1s", &max_attempts);
     let ns = format!("bench-{}-0", std::process::id());
     let mut ladders = vec![(RETRY, ns_file(&ns))];
-    if plan.explicit {
+    if plan.direct {
         let direct = format!("{max_attempts}first_failures = \"direct\"\n");
         ladders.push((DIRECT, ladder_file(&ns, "1s", &direct)));
     }
@@ -572,9 +544,8 @@ pub async fn measure_native(
         native_side(&svc, registry, plan.failures, limit).await?,
         ladder_side(&svc, registry, "ladder", RETRY, plan.failures).await?,
     ];
-    if plan.explicit {
-        sides.push(explicit_side(&svc, registry, "ladder-explicit", RETRY, plan.failures).await?);
-        sides.push(explicit_side(&svc, registry, "ladder-direct", DIRECT, plan.failures).await?);
+    if plan.direct {
+        sides.push(ladder_side(&svc, registry, "ladder-direct", DIRECT, plan.failures).await?);
     }
     eprintln!(
         "native delayed retry vs Ladder (dead-letter mode) on {} ({}): {} failure(s) per message, rates {:?} retries/s, {} s windows, {} round(s)",
@@ -1022,7 +993,7 @@ pub fn native_markdown(r: &NativeResults) -> String {
     rates.dedup();
     for rate in rates {
         let find = |side: &str| r.pooled.iter().find(|p| p.side == side && p.rate == rate);
-        for side in ["ladder", "ladder-explicit", "ladder-direct"] {
+        for side in ["ladder", "ladder-direct"] {
             if let (Some(n), Some(l)) = (find("native"), find(side)) {
                 let _ = writeln!(
                     o,
