@@ -367,9 +367,9 @@ async fn look_at_drift(connection: &Connection, config: &Config, state: &State, 
 ///
 /// The plan unbinds each ladder's own tiers of before tiers were shared; most are gone or never
 /// were, and each such unbind is a 404 the broker logs. So a ladder that `known` (the topology
-/// stream) shows this release declared before skips them: they were removed then. Without
-/// `known` (`ladder apply`, an operator's explicit step; or a stream that could not be read)
-/// every unbind is made.
+/// stream) shows this release declared before skips them (`skip_migrated`): they were removed
+/// then. Without `known` (a stream that could not be read), or with `skip_migrated` false
+/// (`ladder apply`, an operator's explicit step), every unbind is made.
 ///
 /// A ladder whose first step changed unbinds its first waits of before that `known` names
 /// (`plan::retired_waits`): `N.L.wait` is a fanout exchange, and a wait of before left bound

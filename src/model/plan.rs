@@ -393,7 +393,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     }
     // A failure's way in (README "How a retry travels"): N.L -> N.L.next, a headers exchange
     // routing a repeat failure by its retry-next into its tier and passing what it does not
-    // match (first failures) on to N.L.first -> N.L.intake. Declared from the end back, so the
+    // match (first failures) on to N.L.first -> N.L.sort. Declared from the end back, so each
     // alternate exchange exists before anything can fall into it.
     // What N.L.next does not route — a first failure — goes on to N.L.sort, which sends to the
     // intake what the intake must take (FIRST_FOR_INTAKE; everything, for a ladder without a
@@ -442,8 +442,8 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         args: Vec::new(),
         to_exchange: true,
     });
-    // before, N.L.first fed the intake itself; the way above is bound first, so a first failure
-    // published in between may reach both (a duplicate), never neither
+    // before, N.L.first fed the intake itself; the way above is bound first, and while both lead
+    // into N.L.intake the broker enqueues a message routed to it twice once: no gap, no duplicate
     out.push(Declaration::Unbinding {
         exchange: names.first_exchange.clone(),
         queue: names.intake_queue.clone(),

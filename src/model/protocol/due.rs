@@ -141,8 +141,8 @@ impl<'a> HopContext<'a> {
     ///   that queue dead-letters with (`wait.<tier>`, [`crate::model::names::wait_key`]); a key
     ///   the service never gives what it puts into a tier (tier names).
     ///
-    /// `skip` is 1 when its newest `x-death` entry (decoded only where the ladder lists
-    /// `senders`) is that wait's.
+    /// `skip` is 1 when its newest `x-death` entry is that wait's (the due hop's channel decodes
+    /// `x-death` where the ladder lists `senders`, and on every delivery with a `wait.` key).
     pub fn routed_failure(&self, props: &BasicProperties, routing_key: &[u8]) -> Option<RoutedFailure> {
         let h = props.headers.as_ref();
         let Some(next) = h.and_then(|h| h.get(header::RETRY_NEXT)) else {
