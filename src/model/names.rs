@@ -184,6 +184,7 @@ impl Names {
     pub fn longest_name(&self, spec: &LadderSpec) -> String {
         let mut names = vec![self.intake_queue.clone(), self.parked.clone()];
         names.extend(spec.tiers.iter().map(|t| self.tier_queue(t)));
+        names.extend(spec.first_route().map(|t| self.wait_queue(t)));
         names.into_iter().max_by_key(String::len).unwrap_or_default()
     }
 }
@@ -310,6 +311,14 @@ mod tests {
         let classic = Names::of("ns", &spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce));
         assert_eq!(classic.tier_queue(&long), "ns.delay.1h30m.classic");
         assert_eq!(classic.wait_queue(&long), "ns.orders.wait.1h30m.classic");
+        // the first wait counts toward the 255-byte limit of a ladder's names
+        let mut direct = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
+        direct.first_failures = crate::model::ladder::FirstFailures::Direct;
+        let named = Names::of("ns", &direct);
+        assert_eq!(
+            named.longest_name(&direct),
+            named.wait_queue(direct.first_route().unwrap())
+        );
         let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         s.first_failures = crate::model::ladder::FirstFailures::Direct;
         let queues = n.queues(&s);
