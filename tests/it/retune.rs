@@ -159,14 +159,7 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
 
     // the old tier keeps its promise; once drained, prune --wait deletes it
     receive_each_once(&mut consumer, &ids, WAIT).await;
-    let pruned = run_ladder(&path, &["prune", "--wait", "20s"], &[]).await;
-    assert_eq!(pruned.status.code(), Some(0), "{}", out(&pruned));
-    assert!(
-        String::from_utf8_lossy(&pruned.stdout).contains(&format!("deleted queue {old_tier}")),
-        "{}",
-        out(&pruned)
-    );
-    assert_eq!(depth(&t.client, &old_tier).await, None, "the retired tier is gone");
+    prune_deletes(&path, &t.client, &old_tier).await;
     // what the config uses is untouched, and the namespace no longer lists the tier
     assert!(depth(&t.client, &format!("{}.delay.1s", t.ns)).await.is_some());
     let check = run_ladder(&path, &["check"], &[]).await;
@@ -179,6 +172,19 @@ async fn a_retired_tier_is_shown_drains_and_is_pruned_once_empty() {
     // a new failure still takes the new ladder's way
     t.publish(&t.intake(), "", b"x", failure("after", &dest)).await;
     receive_each_once(&mut consumer, &HashSet::from(["after".to_string()]), WAIT).await;
+}
+
+/// `ladder prune --wait 20s` with the config at `path` exits 0, says it deleted `queue`, and
+/// the queue is gone.
+async fn prune_deletes(path: &Path, client: &Connection, queue: &str) {
+    let pruned = run_ladder(path, &["prune", "--wait", "20s"], &[]).await;
+    assert_eq!(pruned.status.code(), Some(0), "{}", out(&pruned));
+    assert!(
+        String::from_utf8_lossy(&pruned.stdout).contains(&format!("deleted queue {queue}")),
+        "{}",
+        out(&pruned)
+    );
+    assert_eq!(depth(client, queue).await, None, "{queue} is gone");
 }
 
 /// Puts a retry for `destination` straight into the tier queue `tier`, as a relay with a config
@@ -874,13 +880,6 @@ async fn a_changed_first_step_retires_its_first_wait_without_doubling() {
     );
     receive_each_once(&mut consumer, &new, WAIT).await;
 
-    let pruned = run_ladder(&path, &["prune", "--wait", "20s"], &[]).await;
-    assert_eq!(pruned.status.code(), Some(0), "{}", out(&pruned));
-    assert!(
-        String::from_utf8_lossy(&pruned.stdout).contains(&format!("deleted queue {old_wait}")),
-        "{}",
-        out(&pruned)
-    );
-    assert_eq!(depth(&t.client, &old_wait).await, None, "the old first wait is gone");
+    prune_deletes(&path, &t.client, &old_wait).await;
     assert!(depth(&t.client, &format!("{}.default.wait.1s", t.ns)).await.is_some());
 }
