@@ -78,7 +78,13 @@ enum Lang {
     Node,
     Go,
     Java,
+    /// A Bunny worker in the Sneakers style.
+    Ruby,
+    /// A Celery app (Python): dead-letter mode only.
+    Celery,
 }
+
+const LANGS: [Lang; 6] = [Lang::Python, Lang::Node, Lang::Go, Lang::Java, Lang::Ruby, Lang::Celery];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -99,12 +105,14 @@ enum Program {
 enum Region {
     Consumer(Mode),
     Schedule,
+    /// The part of a framework's worker its user writes (Ruby).
+    Worker,
 }
 
 impl Region {
     fn program(self) -> Program {
         match self {
-            Region::Consumer(_) => Program::Consumer,
+            Region::Consumer(_) | Region::Worker => Program::Consumer,
             Region::Schedule => Program::Schedule,
         }
     }
@@ -117,6 +125,8 @@ impl fmt::Display for Lang {
             Lang::Node => "node",
             Lang::Go => "go",
             Lang::Java => "java",
+            Lang::Ruby => "ruby",
+            Lang::Celery => "celery",
         })
     }
 }
@@ -126,6 +136,7 @@ impl fmt::Display for Region {
         match self {
             Region::Consumer(mode) => mode.fmt(f),
             Region::Schedule => f.write_str("schedule"),
+            Region::Worker => f.write_str("worker"),
         }
     }
 }
@@ -211,7 +222,22 @@ impl Lang {
                 static JAVA: Built = OnceLock::new();
                 JAVA.get_or_init(build_java).clone()
             }
-            (Lang::Java, Program::Schedule) => panic!("there is no java schedule example"),
+            (Lang::Ruby, Program::Consumer) => prepare_ruby(self.source(program).0),
+            (Lang::Celery, Program::Consumer) => prepare_celery(),
+            (Lang::Java | Lang::Ruby | Lang::Celery, Program::Schedule) => {
+                panic!("there is no {self} schedule example")
+            }
+        }
+    }
+
+    /// The regions of this language's examples that the book quotes.
+    fn regions(self) -> Vec<Region> {
+        let consumer = [Region::Consumer(Mode::Explicit), Region::Consumer(Mode::DeadLetter)];
+        match self {
+            Lang::Python | Lang::Node | Lang::Go => [consumer.as_slice(), &[Region::Schedule]].concat(),
+            Lang::Java => consumer.to_vec(),
+            Lang::Ruby => [consumer.as_slice(), &[Region::Worker]].concat(),
+            Lang::Celery => vec![Region::Consumer(Mode::DeadLetter)],
         }
     }
 
@@ -225,7 +251,11 @@ impl Lang {
             (Lang::Go, Program::Consumer) => ("go/main.go", "//"),
             (Lang::Go, Program::Schedule) => ("go-schedule/main.go", "//"),
             (Lang::Java, Program::Consumer) => ("java/LadderConsumer.java", "//"),
-            (Lang::Java, Program::Schedule) => panic!("there is no java schedule example"),
+            (Lang::Ruby, Program::Consumer) => ("ruby/worker.rb", "#"),
+            (Lang::Celery, Program::Consumer) => ("celery/tasks.py", "#"),
+            (Lang::Java | Lang::Ruby | Lang::Celery, Program::Schedule) => {
+                panic!("there is no {self} schedule example")
+            }
         };
         (examples_dir().join(path), comment)
     }
@@ -244,6 +274,37 @@ fn prepare_python(script: PathBuf) -> Result<Vec<OsString>, String> {
     );
     eprintln!("python: {version}, pika {}", out.trim());
     Ok(vec!["python3".into(), "-u".into(), script.into()])
+}
+
+fn prepare_ruby(script: PathBuf) -> Result<Vec<OsString>, String> {
+    let Some(version) = tool_version("ruby", "--version") else {
+        return Err("ruby is not installed (apt-get install ruby ruby-bunny)".into());
+    };
+    let mut check = Command::new("ruby");
+    check.args(["-e", "require 'bunny'; puts Bunny::VERSION"]);
+    let (status, out) = run_bounded(&mut check, BUILD_WAIT, "ruby-bunny").unwrap();
+    assert!(
+        status.success(),
+        "{version} cannot load bunny: install it with `apt-get install ruby-bunny` (scripts/test-env)\n{out}"
+    );
+    eprintln!("ruby: {version}, bunny {}", out.trim());
+    Ok(vec!["ruby".into(), script.into()])
+}
+
+/// `python3 -m celery`, to be run in examples/celery (or beside another app module).
+fn prepare_celery() -> Result<Vec<OsString>, String> {
+    let Some(version) = tool_version("python3", "--version") else {
+        return Err("python3 is not installed (apt-get install python3)".into());
+    };
+    let mut check = Command::new("python3");
+    check.args(["-c", "import celery; print(celery.__version__)"]);
+    let (status, out) = run_bounded(&mut check, BUILD_WAIT, "python-celery").unwrap();
+    assert!(
+        status.success(),
+        "{version} cannot import celery: install it with `pip install celery` (scripts/test-env)\n{out}"
+    );
+    eprintln!("celery: {}, {version}", out.trim());
+    Ok(vec!["python3".into(), "-m".into(), "celery".into()])
 }
 
 fn prepare_node(script: PathBuf) -> Result<Vec<OsString>, String> {
@@ -395,17 +456,31 @@ impl Run {
     /// --fail-always`, its stdout lines read with the time each arrived, its stderr in
     /// `consumer.log`.
     fn spawn_consumer(&mut self, argv: &[OsString], mode: Mode) {
-        let mut child = Command::new(&argv[0])
+        let mut command = Command::new(&argv[0]);
+        command
             .args(&argv[1..])
             .arg(mode.to_string())
             .args(["--queue", &self.queue, "--exchange", &self.names.intake_exchange])
-            .args(["--prefetch", "10", "--fail-always"])
+            .args(["--prefetch", "10", "--fail-always"]);
+        self.spawn_example(command);
+    }
+
+    /// Starts `command` with `AMQP_URL` set, its stdout lines read with the time each arrived,
+    /// its stderr appended to `consumer.log`. An example already running is stopped first.
+    fn spawn_example(&mut self, mut command: Command) {
+        self.stop_example();
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.log("consumer.log"))
+            .unwrap();
+        let mut child = command
             .env("AMQP_URL", amqp_url())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(self.log("consumer.log")).unwrap())
+            .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("{:?} starts: {e}", argv[0]));
+            .unwrap_or_else(|e| panic!("{command:?} starts: {e}"));
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -425,6 +500,14 @@ impl Run {
         });
         self.consumer = Some(child);
         self.lines = Some(rx);
+    }
+
+    fn stop_example(&mut self) {
+        if let Some(mut child) = self.consumer.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.lines = None;
     }
 
     /// Panics if the service or the example exited.
@@ -674,6 +757,16 @@ async fn java_dead_letter() {
     example_retries_then_parks(Lang::Java, Mode::DeadLetter).await;
 }
 
+#[tokio::test]
+async fn ruby_explicit() {
+    example_retries_then_parks(Lang::Ruby, Mode::Explicit).await;
+}
+
+#[tokio::test]
+async fn ruby_dead_letter() {
+    example_retries_then_parks(Lang::Ruby, Mode::DeadLetter).await;
+}
+
 /// Runs one language's schedule example to completion against `ladder run` with delay levels:
 /// by its output, each of [`SCHEDULED`] came once, no sooner than its `x-delay` after the
 /// example published it and at most [`SCHEDULE_LATE`] after that.
@@ -806,12 +899,13 @@ fn excerpt_of(marker: &str) -> Option<(Lang, Region)> {
         "explicit" => Region::Consumer(Mode::Explicit),
         "dead-letter" => Region::Consumer(Mode::DeadLetter),
         "schedule" => Region::Schedule,
+        "worker" => Region::Worker,
         _ => return None,
     };
     let path = examples_dir().join(file.strip_prefix("examples/")?);
-    [Lang::Python, Lang::Node, Lang::Go, Lang::Java]
+    LANGS
         .into_iter()
-        .filter(|&lang| lang != Lang::Java || region != Region::Schedule)
+        .filter(|lang| lang.regions().contains(&region))
         .find(|lang| path == lang.source(region.program()).0)
         .map(|lang| (lang, region))
 }
@@ -844,7 +938,7 @@ fn snippets(name: &str, text: &str) -> Vec<Snippet> {
                     lines: (i + 1, end),
                 });
             }
-            ("python" | "js" | "javascript" | "go" | "java", None) => panic!(
+            ("python" | "js" | "javascript" | "go" | "java" | "ruby", None) => panic!(
                 "{name} line {}: a {} block that is no excerpt of examples/ (mark it `<!-- excerpt: examples/FILE#REGION -->`)",
                 i + 1,
                 info.trim()
@@ -857,8 +951,8 @@ fn snippets(name: &str, text: &str) -> Vec<Snippet> {
 }
 
 /// The snippets of README and the book are the marked regions of the examples, character for
-/// character, and the book quotes every region: both modes in four languages, the scheduled
-/// deliveries in three. `LADDER_UPDATE_SNIPPETS=1` rewrites them from the examples instead.
+/// character, and the book quotes every region: both modes in five languages and Celery's
+/// dead-letter mode, the scheduled deliveries in three, and the Ruby worker. `LADDER_UPDATE_SNIPPETS=1` rewrites them from the examples instead.
 #[test]
 fn doc_snippets_are_excerpts_of_the_examples() {
     let mut quoted = vec![];
@@ -906,12 +1000,8 @@ fn doc_snippets_are_excerpts_of_the_examples() {
             eprintln!("rewrote the snippets of {name} from examples/");
         }
     }
-    for lang in [Lang::Python, Lang::Node, Lang::Go, Lang::Java] {
-        let mut regions = vec![Region::Consumer(Mode::Explicit), Region::Consumer(Mode::DeadLetter)];
-        if lang != Lang::Java {
-            regions.push(Region::Schedule);
-        }
-        for region in regions {
+    for lang in LANGS {
+        for region in lang.regions() {
             assert!(
                 quoted.iter().any(|&(l, r, book)| l == lang && r == region && book),
                 "the book quotes no {lang} {region} snippet"
@@ -926,3 +1016,5 @@ fn doc_snippets_are_excerpts_of_the_examples() {
         differ.join("\n")
     );
 }
+
+mod frameworks;

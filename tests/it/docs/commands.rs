@@ -269,6 +269,11 @@ const CHECKS: &[(&str, &str)] = &[
     ("python3", "the paths named exist"),
     ("go", "the paths named exist"),
     ("java", "the paths named exist"),
+    ("ruby", "the paths named exist"),
+    (
+        "celery",
+        "--workdir a directory with the module -A names; `call MODULE.TASK` a task that module defines",
+    ),
     ("mvn", "the paths named exist"),
     ("grep", "reads the output of the command before it"),
     ("head", "reads the output of the command before it"),
@@ -276,6 +281,27 @@ const CHECKS: &[(&str, &str)] = &[
     ("man", "`man -l -` reading the output of the command before it"),
     ("…", "a part of the line left out"),
 ];
+
+/// `celery --workdir DIR -A MODULE …`: the module is a file in DIR, and a task it calls
+/// (`call MODULE.TASK`) is defined there.
+fn check_celery(args: &[String], wrong: &mut Vec<String>) {
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let dir = root().join(value("--workdir").map_or(".", String::as_str));
+    let Some(app) = value("-A") else {
+        return wrong.push("no -A: the app module".into());
+    };
+    let Ok(source) = std::fs::read_to_string(dir.join(format!("{app}.py"))) else {
+        return wrong.push(format!("-A {app}: no {app}.py in {}", dir.display()));
+    };
+    if let Some(task) = value("call") {
+        let defined = task
+            .split_once('.')
+            .is_some_and(|(module, name)| module == app && source.contains(&format!("def {name}(")));
+        if !defined {
+            wrong.push(format!("{task}: not a task of {app}.py"));
+        }
+    }
+}
 
 /// The [`CHECKS`] entry for a command name.
 fn check_name(name: &str) -> Option<&'static str> {
@@ -495,7 +521,8 @@ impl Checker {
                     ));
                 }
             }
-            Some("npm" | "node" | "python" | "python3" | "go" | "java" | "mvn") => {
+            Some("celery") => check_celery(args, &mut wrong),
+            Some("npm" | "node" | "python" | "python3" | "go" | "java" | "mvn" | "ruby") => {
                 for arg in args.iter().filter(|a| looks_like_path(a)) {
                     if !root().join(arg).exists() {
                         wrong.push(format!("{arg} does not exist"));
@@ -1016,6 +1043,12 @@ fn the_command_checks_catch_what_is_broken() {
         ("cargo run -p nowhere", "no such package"),
         ("mdbook build book", "a directory with a book.toml"),
         ("python3 examples/python/nowhere.py", "does not exist"),
+        ("ruby examples/ruby/nowhere.rb", "does not exist"),
+        ("celery --workdir examples/celery -A nowhere worker", "no nowhere.py"),
+        (
+            "celery --workdir examples/celery -A tasks call tasks.nowhere",
+            "not a task of tasks.py",
+        ),
         ("grep x", "reads no command's output"),
         ("scripts/nowhere", "does not exist"),
         ("make docs", "no check for this command"),
