@@ -178,7 +178,7 @@ impl Metrics {
         registry.register("ladder_parked_messages", "Messages parked, by reason", m.parked.clone());
         registry.register(
             "ladder_entered_messages",
-            "Messages that entered a ladder: first deliveries from its intake queue, redeliveries not counted",
+            "Messages that entered a ladder: intake deliveries it settled, and failures its due hop took in past the intake",
             m.entered.clone(),
         );
         registry.register(
@@ -515,8 +515,8 @@ pub struct LadderMetrics {
     /// Destination holds.
     pub holds: HoldMetrics,
     hops: [HopMetrics; Hop::ALL.len()],
-    /// First deliveries from `N.L.intake` (not redeliveries): the messages that entered the
-    /// ladder, for the accounting identity.
+    /// Intake deliveries settled, and failures the due hop took in past the intake: the
+    /// messages that entered the ladder, for the accounting identity.
     pub entered: Counter,
     scheduled: Vec<TierHandles>,
     /// Retries delivered to their destination.

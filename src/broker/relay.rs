@@ -394,9 +394,7 @@ fn handle<'a>(
                 .routed_failure(&delivery.properties, delivery.routing_key.as_bytes()),
             _ => None,
         };
-        if !delivery.redelivered && (hop == Hop::Intake || routed.is_some()) {
-            ladder.metrics.entered.inc();
-        }
+        let enters = hop == Hop::Intake || routed.is_some();
         let handled = AssertUnwindSafe(settle(hop, ladder, channel, gate, &delivery, routed.as_ref()))
             .catch_unwind()
             .await;
@@ -420,6 +418,12 @@ fn handle<'a>(
                 };
                 Box::pin(park_until_confirmed(hop, ladder, channel, &delivery, &park, None)).await?;
             }
+        }
+        // Counted once settled, not on receipt: RabbitMQ 4.x marks a message dead-lettered out
+        // of a quorum queue `redelivered` on its first delivery, so the flag cannot tell a
+        // redelivery, and a delivery handed back unsettled must not count.
+        if enters {
+            ladder.metrics.entered.inc();
         }
         metrics.duration.observe(started.elapsed());
         Ok(delivery.delivery_tag)

@@ -5,7 +5,7 @@
 //! The identity, per ladder:
 //!
 //! ```text
-//! entered = first deliveries from N.L.intake (redelivered = false)
+//! entered = intake deliveries settled (+ failures the due hop takes in past the intake)
 //! left    = delivered + parked
 //! waiting = ready messages in every tier queue it uses (N.delay.<tier>) + N.L.due + N.L.quarantine
 //! balance = entered − left − in_flight(intake, due, quarantine) − waiting
@@ -37,10 +37,12 @@
 //!   since the previous one, nothing in flight — and flags a discrepancy only when it persists
 //!   over `polls` consecutive quiet polls. A busy poll neither counts nor resets the streak: a
 //!   ladder that is never quiet is never checked.
-//! - A reconnect hands unacked deliveries back to their queues. Intake redeliveries carry the
-//!   broker's `redelivered` flag and do not count as entering again; a due delivery goes back to
-//!   `N.L.due`, which is waiting. So the anchor survives reconnects, and a message the broker
-//!   drops while the service reconnects (a delivery limit without a dead-letter target) shows
+//! - A reconnect hands unacked deliveries back to their queues. A delivery enters once its hop
+//!   settled it, so one handed back unsettled counts once, when its redelivery is settled (the
+//!   broker's `redelivered` flag cannot tell: RabbitMQ 4.x sets it on a message's first
+//!   delivery after dead-lettering); a due delivery goes back to `N.L.due`, which is waiting.
+//!   So the anchor survives reconnects, and a message the broker drops while the service
+//!   reconnects (a delivery limit without a dead-letter target) shows
 //!   as missing. A delivery whose ack was lost comes back as a duplicate: a persistent *surplus*
 //!   (more found than counted) becomes the new anchor, so it cannot hide a later loss. Polls
 //!   while the service is not ready are skipped, the anchor kept.
@@ -56,9 +58,9 @@
 //!   when its connection died stay checked out to the dead consumer on the queue's leader
 //!   (quorum queues keep them for a consumer they cannot tell dead from cut off) and show in no
 //!   ready count; a publish unconfirmed when the connection died may or may not be in its tier;
-//!   a redelivery after the heal may come without the `redelivered` flag and count as entering
-//!   again. So a shortfall first judged after a **disruption** (a lost session, a poll that
-//!   could not read the broker, the service not ready) is **in doubt**, not lost: reported as
+//!   a delivery settled just before the cut may come back and count as entering again. So a
+//!   shortfall first judged after a **disruption** (a lost session, a poll that could not read
+//!   the broker, the service not ready) is **in doubt**, not lost: reported as
 //!   `InDoubt` (`ladder_in_doubt_messages`, a warning), never as unaccounted. It stays in doubt
 //!   until the ladder balances again; a shortfall beyond it, found later, is unaccounted as
 //!   before.
@@ -594,7 +596,8 @@ mod tests {
         assert!(l.anchored(), "the anchor survives the reconnect");
         // the broker dropped it (a delivery limit, no dead-letter target): 4 wait, not 5
         assert_eq!(repeat(&mut l, quiet(c, 4), 3)[2], Verdict::Unaccounted { missing: 1 });
-        // a redelivered intake message does not enter again: still one missing, no surplus
+        // a redelivery of an intake message never settled enters once, when it is settled:
+        // received again, entered not yet; still one missing, no surplus
         let redelivered = Counters {
             received_intake: c.received_intake + 1,
             ..c
@@ -661,7 +664,7 @@ mod tests {
         };
         assert_eq!(l.observe(&cut, RULES), Verdict::Unchecked);
         // after the heal 40 of them are checked out to the dead consumer, in no ready count
-        // (or came back without the redelivered flag and counted as entering again)
+        // (or were settled just before the cut, came back and counted as entering again)
         let after = repeat(&mut l, quiet(c, 60), 4);
         assert_eq!(
             after,

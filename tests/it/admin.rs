@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::common::*;
 use ladder::admin;
 use ladder::config::SecretUri;
-use ladder_amqp::FieldTable;
+use ladder_amqp::{BasicProperties, FieldTable};
 
 /// Fast polls, so a test sees depths and the accounting verdict within a second or two.
 const FAST_POLLS: &str = "[admin]\npoll_interval = \"100ms\"";
@@ -252,6 +252,51 @@ async fn a_purged_tier_is_reported_as_unaccounted() {
     let v = admin.ladders().await;
     assert_eq!(v["ladders"][0]["accounting"]["verdict"], "unaccounted", "{v:#}");
     assert_eq!(v["ladders"][0]["accounting"]["unaccounted"], 3);
+    admin.stop().await;
+}
+
+/// Dead-letter mode: first failures the broker dead-letters from a quorum queue into the ladder
+/// enter it once each, on every broker (RabbitMQ 4.x flags them `redelivered` on their first
+/// delivery), so a message taken out of its tier by hand is reported as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_taken_from_a_tier_in_dead_letter_mode_is_unaccounted() {
+    const FAILURES: usize = 3;
+    let mut t = TestLadder::configure_with("admin-lost-dlx", FAST_POLLS, LONG_ONLY).await;
+    t.start_service().await;
+    let admin = TestAdmin::start(t.config.clone(), t.state.clone()).await;
+    let mut args = FieldTable::default();
+    args.set("x-dead-letter-exchange", text(&t.intake()));
+    args.set("x-queue-type", text("quorum"));
+    let orders = t.declare_queue("orders", args).await;
+    let mut consumer = t.consume(&orders).await;
+    for i in 0..FAILURES {
+        t.publish("", &orders, format!("m{i}").as_bytes(), BasicProperties::default())
+            .await;
+        let failed = next(&mut consumer).await;
+        consumer.reject(&failed, false);
+    }
+    admin
+        .wait_ladders("the accounting anchored with the failures entered and waiting", |v| {
+            let l = &v["ladders"][0];
+            l["depths"]["delay.10m"] == FAILURES
+                && l["totals"]["entered"] == FAILURES
+                && l["accounting"]["verdict"] == "balanced"
+        })
+        .await;
+
+    let tier = format!("{}.delay.10m", t.ns);
+    let mut by_hand = t.consume(&tier).await;
+    let taken = next(&mut by_hand).await;
+    by_hand.ack(&taken);
+    let _ = by_hand.channel.close(200, "took one").await;
+    admin
+        .wait_metrics(&[
+            "ladder_unaccounted_messages{ladder=\"default\"} 1",
+            "ladder_unaccounted_alarms_total{ladder=\"default\"} 1",
+        ])
+        .await;
+    let v = admin.ladders().await;
+    assert_eq!(v["ladders"][0]["accounting"]["verdict"], "unaccounted", "{v:#}");
     admin.stop().await;
 }
 
