@@ -136,7 +136,7 @@ async fn record_pruned(
 }
 
 /// Whether `queue` exists (a passive declare on a channel of its own).
-async fn queue_exists(connection: &Connection, queue: &str) -> Result<bool, DriftError> {
+pub async fn queue_exists(connection: &Connection, queue: &str) -> Result<bool, DriftError> {
     let channel = bounded("opening a channel", connection.create_channel()).await?;
     match bounded("looking for a queue", channel.queue_inspect(queue)).await {
         Ok(_) => {

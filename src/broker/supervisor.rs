@@ -19,6 +19,7 @@ use crate::broker::topology::{self, Declaration, Names, TopologyError};
 use crate::config::{AmqpConfig, Config};
 use crate::metrics::Metrics;
 use crate::model::backoff::Backoff;
+use crate::model::upgrade;
 use crate::telemetry::Telemetry;
 
 /// How long one connection attempt may take before it counts as failed.
@@ -268,7 +269,7 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
         .await
         .ok()
         .and_then(Result::ok);
-        let result = declare(&connection, config, known.as_ref(), false).await;
+        let result = declare(&connection, config, known.as_ref()).await;
         if let Ok(older) = &result {
             look_at_drift(&connection, config, &State::default(), older.clone()).await;
         }
@@ -365,11 +366,9 @@ async fn look_at_drift(connection: &Connection, config: &Config, state: &State, 
 /// Declares the topology of `config` for the broker `connection` is open to, and warns about
 /// queues kept in an older shape (see [`topology::OlderQueue`]), which it returns.
 ///
-/// The plan unbinds each ladder's own tiers of before tiers were shared; most are gone or never
-/// were, and each such unbind is a 404 the broker logs. So a ladder that `known` (the topology
-/// stream) shows this release declared before skips them (`skip_migrated`): they were removed
-/// then. Without `known` (a stream that could not be read), or with `skip_migrated` false
-/// (`ladder apply`, an operator's explicit step), every unbind is made.
+/// A ladder an earlier release declared in an older layout is moved to today's (`upgrade`)
+/// until the stream records it in today's layout with its old tiers pruned. A new ladder
+/// unbinds nothing.
 ///
 /// A ladder whose first step changed unbinds its first waits of before that `known` names
 /// (`plan::retired_waits`): `N.L.wait` is a fanout exchange, and a wait of before left bound
@@ -380,7 +379,6 @@ async fn declare(
     connection: &Connection,
     config: &Config,
     known: Option<&crate::model::drift::Registry>,
-    skip_migrated: bool,
 ) -> Result<Vec<topology::OlderQueue>, TopologyError> {
     let version = topology::version_of(connection);
     let mut plan = topology::plan(config, version);
@@ -411,17 +409,20 @@ async fn declare(
             }
         }
     }
-    if let Some(registry) = known.filter(|_| skip_migrated) {
-        let done: Vec<String> = config
-            .ladders
-            .iter()
-            .filter(|spec| registry.migrated(&config.namespace, &spec.name))
-            .map(|spec| format!("{}.delay.", Names::new(&config.namespace, &spec.name).intake_exchange))
-            .collect();
-        plan.retain(|d| match d {
-            Declaration::Unbinding { queue, .. } => !done.iter().any(|own| queue.starts_with(own.as_str())),
-            _ => true,
-        });
+    // after the whole plan: today's ways in are bound before those of before are removed
+    for spec in &config.ladders {
+        let names = Names::of(&config.namespace, spec);
+        let exists = async || {
+            crate::broker::drift::queue_exists(connection, &names.intake_queue)
+                .await
+                .unwrap_or(true)
+        };
+        let before = upgrade::Before::of(known, &names, spec, exists).await;
+        let steps = upgrade::steps(&names, spec, before);
+        if !steps.is_empty() {
+            info!(ladder = %spec.name, layout = upgrade::LAYOUT, steps = steps.len(), "moving a ladder declared by an earlier release to today's layout");
+        }
+        plan.extend(steps);
     }
     let older_queues = topology::apply(connection, &plan).await?;
     for older in &older_queues {
@@ -568,7 +569,7 @@ async fn session(
         .ok()
         .and_then(Result::ok),
     };
-    let declared = match declare(&connection, config, known.as_ref(), true).await {
+    let declared = match declare(&connection, config, known.as_ref()).await {
         Ok(older) => {
             look_at_drift(&connection, config, state, older).await;
             Ok(())

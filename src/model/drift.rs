@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::ladder::LadderSpec;
 use crate::model::names::Names;
 use crate::model::plan::{self, ArgValue, BrokerVersion, Declaration};
+use crate::model::upgrade;
 
 /// The `type` property of a topology record.
 pub const TOPOLOGY_FORMAT: &str = "ladder.topology/v1";
@@ -87,6 +88,10 @@ pub enum TopologyRecord {
         by: String,
         /// The objects.
         objects: Vec<Known>,
+        /// The layout the writer declared ([`crate::model::upgrade::LAYOUT`]); absent in the
+        /// records of releases before layouts were recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layout: Option<u32>,
     },
     /// What `ladder prune` deleted (or found gone).
     Pruned {
@@ -116,16 +121,19 @@ impl TopologyRecord {
 pub struct Registry {
     /// By kind and name (`N.L.due` is an exchange and a queue).
     known: BTreeMap<(Kind, String), Known>,
+    /// The layout of the newest `Declared` record.
+    layout: Option<u32>,
 }
 
 impl Registry {
     /// Folds one record in.
     pub fn apply(&mut self, record: &TopologyRecord) {
         match record {
-            TopologyRecord::Declared { objects, .. } => {
+            TopologyRecord::Declared { objects, layout, .. } => {
                 for object in objects {
                     self.known.insert((object.kind, object.name.clone()), object.clone());
                 }
+                self.layout = *layout;
             }
             TopologyRecord::Pruned { objects, .. } => {
                 for (kind, name) in objects {
@@ -133,6 +141,11 @@ impl Registry {
                 }
             }
         }
+    }
+
+    /// Whether it knows the queue `name`.
+    pub fn knows_queue(&self, name: &str) -> bool {
+        self.known.contains_key(&(Kind::Queue, name.to_string()))
     }
 
     /// Whether it knows `object` (by kind and name).
@@ -154,12 +167,18 @@ impl Registry {
         self.known.values()
     }
 
-    /// The record to append after declaring `planned`: everything known with the plan added,
-    /// or `None` when the stream already knows the plan as it is.
+    /// The layout the newest record was declared in; `None` before layouts were recorded.
+    pub fn layout(&self) -> Option<u32> {
+        self.layout
+    }
+
+    /// The record to append after declaring `planned` in today's layout: everything known with
+    /// the plan added, or `None` when the stream already knows the plan as it is.
     pub fn declaring(&self, planned: &[Known], at_ms: u64, by: &str) -> Option<TopologyRecord> {
-        if planned
-            .iter()
-            .all(|p| self.known.get(&(p.kind, p.name.clone())) == Some(p))
+        if self.layout == Some(upgrade::LAYOUT)
+            && planned
+                .iter()
+                .all(|p| self.known.get(&(p.kind, p.name.clone())) == Some(p))
         {
             return None;
         }
@@ -171,6 +190,7 @@ impl Registry {
             at_ms,
             by: by.to_string(),
             objects: all.into_values().collect(),
+            layout: Some(upgrade::LAYOUT),
         })
     }
 

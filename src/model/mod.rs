@@ -20,6 +20,7 @@ pub mod names;
 pub mod plan;
 pub mod progress;
 pub mod protocol;
+pub mod upgrade;
 
 #[cfg(test)]
 mod tests {

@@ -284,7 +284,7 @@ pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str) -> Vec
 }
 
 /// The match of a `N.L.next` binding: `retry-ladder` and `retry-next`.
-fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgValue)> {
+pub(crate) fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgValue)> {
     vec![
         ("x-match", ArgValue::Str("all".into())),
         (RETRY_LADDER, ArgValue::Str(ladder.into())),
@@ -380,16 +380,9 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             ],
         ),
     ];
-    // the shared tier queues are declared by plan_shared; a ladder routes into them, and no
-    // longer into the tiers it declared itself before (those drain into N.L.due, unbound)
+    // the shared tier queues are declared by plan_shared; a ladder routes into them
     for tier in &spec.tiers {
         out.push(bind(&names.tiers_exchange, &names.tier_queue(tier), &tier.name));
-        out.push(Declaration::Unbinding {
-            exchange: names.tiers_exchange.clone(),
-            queue: names.own_tier_queue_named(&tier.name),
-            key: tier.name.clone(),
-            args: Vec::new(),
-        });
     }
     // A failure's way in (README "How a retry travels"): N.L -> N.L.next, a headers exchange
     // routing a repeat failure by its retry-next into its tier and passing what it does not
@@ -442,14 +435,6 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         args: Vec::new(),
         to_exchange: true,
     });
-    // before, N.L.first fed the intake itself; the way above is bound first, and while both lead
-    // into N.L.intake the broker enqueues a message routed to it twice once: no gap, no duplicate
-    out.push(Declaration::Unbinding {
-        exchange: names.first_exchange.clone(),
-        queue: names.intake_queue.clone(),
-        key: String::new(),
-        args: Vec::new(),
-    });
     out.push(headers(&names.next_exchange, &names.first_exchange));
     let next = |value: &str| next_match(&spec.name, value);
     for tier in &spec.steps {
@@ -474,12 +459,6 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
                 args,
             });
         }
-        out.push(Declaration::Unbinding {
-            exchange: names.next_exchange.clone(),
-            queue: names.own_tier_queue_named(&tier.name),
-            key: String::new(),
-            args: next(&tier.name),
-        });
     }
     out.push(matching(&names.next_exchange, &names.intake_queue, next(NEXT_INTAKE)));
     out.push(matching(&names.next_exchange, &names.probes, next(NEXT_PROBE)));
@@ -490,14 +469,6 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         key: String::new(),
         args: Vec::new(),
         to_exchange: true,
-    });
-    // before this topology the intake exchange fed the intake queue itself; the way above is
-    // bound first, so a failure published in between may reach both (a duplicate), never neither
-    out.push(Declaration::Unbinding {
-        exchange: names.intake_exchange.clone(),
-        queue: names.intake_queue.clone(),
-        key: String::new(),
-        args: Vec::new(),
     });
     out.push(Declaration::Queue {
         name: names.parked.clone(),
@@ -699,19 +670,14 @@ mod tests {
             "binding  ns.due -> ns.orders.due key=\"\" x-match=all retry-ladder=orders",
             "exchange ns.stray type=fanout durable",
             "binding  ns.stray -> ns.stray key=\"\"",
-            // the tiers a ladder declared itself before are no longer routed into
-            "unbind   ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"",
-            "unbind   ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
         ] {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
         }
         assert!(plan.contains(&"queue    ns.orders.parked durable x-queue-type=stream".to_string()));
-        // a failure's way in: N.L -> N.L.next -> (N.L.first), and the binding of the topology
-        // before it removed
+        // a failure's way in: N.L -> N.L.next -> (N.L.first)
         for line in [
             "exchange ns.orders type=fanout durable",
             "binding  ns.orders -> exchange ns.orders.next key=\"\"",
-            "unbind   ns.orders -> ns.orders.intake key=\"\"",
             "exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first",
             "binding  ns.orders.next -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
             "binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
@@ -719,7 +685,6 @@ mod tests {
             "binding  ns.orders.next -> ns.orders.probes key=\"\" x-match=all retry-ladder=orders retry-next=probe",
             "exchange ns.orders.first type=fanout durable",
             "binding  ns.orders.first -> exchange ns.orders.sort key=\"\"",
-            "unbind   ns.orders.first -> ns.orders.intake key=\"\"",
             "exchange ns.orders.sort type=headers durable alternate-exchange=ns.orders.wait",
             "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
              retry-delay=* x-delay=* delay-until=*",
@@ -730,25 +695,15 @@ mod tests {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
         }
         let at = |line: &str| plan.iter().position(|l| l == line).unwrap();
-        // an alternate exchange exists before anything can fall into it; the new way in is bound
-        // before the old one is removed
+        // an alternate exchange exists before anything can fall into it
         assert!(
             at("exchange ns.orders.first type=fanout durable")
                 < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
         );
-        assert!(
-            at("binding  ns.orders -> exchange ns.orders.next key=\"\"")
-                < at("unbind   ns.orders -> ns.orders.intake key=\"\"")
-        );
-        // the sort is bound before the old way into the intake is removed, and it and its
-        // alternate exist before anything can reach them
+        // the sort is bound, and it and its alternate exist, before anything can reach them
         assert!(
             at("binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=all")
                 < at("binding  ns.orders.first -> exchange ns.orders.sort key=\"\"")
-        );
-        assert!(
-            at("binding  ns.orders.first -> exchange ns.orders.sort key=\"\"")
-                < at("unbind   ns.orders.first -> ns.orders.intake key=\"\"")
         );
         assert!(
             !plan.iter().any(|l| l.contains("ns.orders.wait.")),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use crate::common::*;
+use ladder_amqp::FieldTable;
 
 const LADDER: &str = r#"
 backoff = ["200ms", "500ms"]
@@ -209,9 +210,7 @@ fn contract(ns: &str) -> Vec<String> {
         format!("binding  {n}.due -> {n}.due key=\"\""),
         format!("binding  {ns}.due -> {n}.due key=\"\" x-match=all retry-ladder=default"),
         format!("binding  {n}.tiers -> {ns}.delay.200ms key=\"200ms\""),
-        format!("unbind   {n}.tiers -> {n}.delay.200ms key=\"200ms\""),
         format!("binding  {n}.tiers -> {ns}.delay.500ms key=\"500ms\""),
-        format!("unbind   {n}.tiers -> {n}.delay.500ms key=\"500ms\""),
         format!("exchange {n}.wait type=fanout durable"),
         format!("exchange {n}.sort type=headers durable alternate-exchange={n}.wait"),
         format!(
@@ -221,17 +220,13 @@ fn contract(ns: &str) -> Vec<String> {
         format!("binding  {n}.sort -> {n}.intake key=\"\" x-match=all"),
         format!("exchange {n}.first type=fanout durable"),
         format!("binding  {n}.first -> exchange {n}.sort key=\"\""),
-        format!("unbind   {n}.first -> {n}.intake key=\"\""),
         format!("exchange {n}.next type=headers durable alternate-exchange={n}.first"),
         format!("binding  {n}.next -> {ns}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
-        format!("unbind   {n}.next -> {n}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
         format!("binding  {n}.next -> {ns}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
-        format!("unbind   {n}.next -> {n}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
         format!("binding  {n}.next -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
         format!("binding  {n}.next -> {n}.probes key=\"\" x-match=all retry-ladder=default retry-next=probe"),
         format!("exchange {n} type=fanout durable"),
         format!("binding  {n} -> exchange {n}.next key=\"\""),
-        format!("unbind   {n} -> {n}.intake key=\"\""),
         format!("queue    {n}.parked durable x-queue-type=stream"),
         format!(
             "queue    {n}.holds durable x-queue-type=stream x-max-length-bytes=8388608 \
@@ -313,6 +308,53 @@ async fn apply_declares_the_topology_on_the_broker() {
     }
     // applying again is idempotent
     assert_exit(&ladder(&path, &["apply"], &[]).await, 0);
+    let _ = conn.close(200, "done").await;
+}
+
+/// A new install records today's layout and unbinds nothing. A ladder of 903c5df (its intake
+/// there, no topology stream, `N.L` bound straight to the intake) is moved to today's layout,
+/// and a failure then enters the intake once, not twice; the next apply finds it current.
+#[tokio::test]
+async fn apply_moves_only_a_ladder_of_an_older_layout() {
+    const MOVING: &str = "moving a ladder declared by an earlier release";
+    let (_dir, path, ns) = valid_config("layout");
+    let _cleanup = Cleanup::for_config(&path);
+    let n = format!("{ns}.default");
+    let conn = connect().await;
+    let layout = async || {
+        ladder::broker::drift::read(&conn, &ns)
+            .await
+            .expect("the topology stream reads")
+            .layout()
+    };
+
+    let fresh = ladder(&path, &["apply"], &[]).await;
+    assert_exit(&fresh, 0);
+    assert!(!stderr(&fresh).contains(MOVING), "{}", stderr(&fresh));
+    assert_eq!(layout().await, Some(ladder::model::upgrade::LAYOUT));
+
+    // as 903c5df left it: no stream, and N.L bound straight to the intake
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(&format!("{ns}.topology")).await.unwrap();
+    ch.queue_bind(&format!("{n}.intake"), &n, "", FieldTable::default())
+        .await
+        .unwrap();
+    let older = ladder(&path, &["apply"], &[]).await;
+    assert_exit(&older, 0);
+    assert!(stderr(&older).contains(MOVING), "{}", stderr(&older));
+    ch.confirm_select().await.unwrap();
+    publish(&ch, &n, "", b"once", retry_props(&format!("{ns}-orders"), None)).await;
+    let intake = format!("{n}.intake");
+    eventually("the failure is in the intake", WAIT, async || {
+        (queue_depth(&conn, &intake).await >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(queue_depth(&conn, &intake).await, 1, "the old way in is gone");
+
+    let again = ladder(&path, &["apply"], &[]).await;
+    assert_exit(&again, 0);
+    assert!(!stderr(&again).contains(MOVING), "{}", stderr(&again));
     let _ = conn.close(200, "done").await;
 }
 
