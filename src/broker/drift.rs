@@ -82,11 +82,14 @@ pub async fn read(connection: &Connection, namespace: &str) -> Result<Registry, 
 }
 
 /// After declaring `config`'s plan for `version`: reads the stream and appends what the plan
-/// adds to it (nothing when the stream knows it). Returns what the namespace knows now.
+/// adds to it (nothing when the stream knows it), with the own tiers of before that still exist
+/// of the ladders in `unrecorded` (declared by a release before the stream). Returns what the
+/// namespace knows now.
 pub async fn record(
     connection: &Connection,
     config: &Config,
     version: topology::BrokerVersion,
+    unrecorded: &[String],
 ) -> Result<Registry, DriftError> {
     let mut registry = read(connection, &config.namespace).await?;
     let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version);
@@ -94,7 +97,7 @@ pub async fn record(
     // recorded, so they show as retired until `ladder prune` removes them
     let unknown: Vec<Known> = crate::model::drift::own_tiers(&config.namespace, &config.ladders)
         .into_iter()
-        .filter(|k| !registry.knows(k) && !registry.migrated(&config.namespace, &k.ladder))
+        .filter(|k| unrecorded.contains(&k.ladder) && !registry.knows(k))
         .collect();
     let seen = observe(connection, &unknown).await?;
     planned.extend(unknown.into_iter().zip(seen).filter(|(_, o)| o.exists).map(|(k, _)| k));

@@ -270,8 +270,8 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
         .ok()
         .and_then(Result::ok);
         let result = declare(&connection, config, known.as_ref()).await;
-        if let Ok(older) = &result {
-            look_at_drift(&connection, config, &State::default(), older.clone()).await;
+        if let Ok(declared) = &result {
+            look_at_drift(&connection, config, &State::default(), declared.clone()).await;
         }
         close(&connection).await;
         match result {
@@ -309,10 +309,11 @@ const DRIFT_TIMEOUT: Duration = Duration::from_secs(20);
 /// After declaring: records the plan in the namespace's topology stream, reads what is retired
 /// (and `older`, the queues kept in an older shape), logs it and keeps it in `state`. A failure
 /// here is logged and does not stop the service: the relay does not depend on it.
-async fn look_at_drift(connection: &Connection, config: &Config, state: &State, older: Vec<topology::OlderQueue>) {
+async fn look_at_drift(connection: &Connection, config: &Config, state: &State, declared: Declared) {
     let version = topology::version_of(connection);
+    let Declared { older, unrecorded } = declared;
     let looked = tokio::time::timeout(DRIFT_TIMEOUT, async {
-        let registry = crate::broker::drift::record(connection, config, version).await?;
+        let registry = crate::broker::drift::record(connection, config, version, &unrecorded).await?;
         let retired = crate::broker::drift::retired_now(connection, config, version, &registry).await?;
         Ok::<_, crate::broker::drift::DriftError>((registry, retired))
     })
@@ -379,7 +380,7 @@ async fn declare(
     connection: &Connection,
     config: &Config,
     known: Option<&crate::model::drift::Registry>,
-) -> Result<Vec<topology::OlderQueue>, TopologyError> {
+) -> Result<Declared, TopologyError> {
     let version = topology::version_of(connection);
     let mut plan = topology::plan(config, version);
     if let Some(registry) = known {
@@ -410,6 +411,7 @@ async fn declare(
         }
     }
     // after the whole plan: today's ways in are bound before those of before are removed
+    let mut unrecorded = Vec::new();
     for spec in &config.ladders {
         let names = Names::of(&config.namespace, spec);
         let exists = async || {
@@ -421,6 +423,9 @@ async fn declare(
         let steps = upgrade::steps(&names, spec, before);
         if !steps.is_empty() {
             info!(ladder = %spec.name, layout = upgrade::LAYOUT, steps = steps.len(), "moving a ladder declared by an earlier release to today's layout");
+        }
+        if before == upgrade::Before::Older && !known.is_some_and(|r| r.knows_queue(&names.intake_queue)) {
+            unrecorded.push(spec.name.clone());
         }
         plan.extend(steps);
     }
@@ -435,7 +440,20 @@ async fn declare(
              arguments to an existing queue, so give it what it lacks with a policy"
         );
     }
-    Ok(older_queues)
+    Ok(Declared {
+        older: older_queues,
+        unrecorded,
+    })
+}
+
+/// What [`declare`] did that the drift record needs.
+#[derive(Clone)]
+struct Declared {
+    /// Queues kept in an older shape.
+    older: Vec<topology::OlderQueue>,
+    /// Ladders a release before the topology stream declared: their own tiers of before are
+    /// looked for and recorded, so they show as retired until pruned.
+    unrecorded: Vec<String>,
 }
 
 /// How long a starting session may read the topology stream to learn which ladders it declared
@@ -570,8 +588,8 @@ async fn session(
         .and_then(Result::ok),
     };
     let declared = match declare(&connection, config, known.as_ref()).await {
-        Ok(older) => {
-            look_at_drift(&connection, config, state, older).await;
+        Ok(declared) => {
+            look_at_drift(&connection, config, state, declared).await;
             Ok(())
         }
         Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict.into())),

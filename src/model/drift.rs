@@ -153,15 +153,6 @@ impl Registry {
         self.known.contains_key(&(object.kind, object.name.clone()))
     }
 
-    /// Whether a release with shared tiers declared ladder `ladder` of `namespace` before (the
-    /// stream knows `N.due` and the ladder's intake): its own tiers of before were unbound then,
-    /// and those that existed recorded, so a later start need not look for them again.
-    pub fn migrated(&self, namespace: &str, ladder: &str) -> bool {
-        let names = Names::new(namespace, ladder);
-        self.known.contains_key(&(Kind::Exchange, names.shared_due))
-            && self.known.contains_key(&(Kind::Queue, names.intake_queue))
-    }
-
     /// Every object it knows of, by name.
     pub fn known(&self) -> impl Iterator<Item = &Known> {
         self.known.values()
