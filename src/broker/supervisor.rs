@@ -270,8 +270,8 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
         .ok()
         .and_then(Result::ok);
         let result = declare(&connection, config, known.as_ref()).await;
-        if let Ok(declared) = &result {
-            look_at_drift(&connection, config, &State::default(), declared.clone()).await;
+        if let Ok(applied) = &result {
+            look_at_drift(&connection, config, &State::default(), applied.clone()).await;
         }
         close(&connection).await;
         match result {
@@ -307,11 +307,12 @@ fn passing(error: &ladder_amqp::Error) -> bool {
 const DRIFT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// After declaring: records the plan in the namespace's topology stream, reads what is retired
-/// (and `older`, the queues kept in an older shape), logs it and keeps it in `state`. A failure
+/// (and what `applied` found: queues kept in an older shape, ladders of a release before the
+/// stream), logs it and keeps it in `state`. A failure
 /// here is logged and does not stop the service: the relay does not depend on it.
-async fn look_at_drift(connection: &Connection, config: &Config, state: &State, declared: Declared) {
+async fn look_at_drift(connection: &Connection, config: &Config, state: &State, applied: Applied) {
     let version = topology::version_of(connection);
-    let Declared { older, unrecorded } = declared;
+    let Applied { older, unrecorded } = applied;
     let looked = tokio::time::timeout(DRIFT_TIMEOUT, async {
         let registry = crate::broker::drift::record(connection, config, version, &unrecorded).await?;
         let retired = crate::broker::drift::retired_now(connection, config, version, &registry).await?;
@@ -365,7 +366,8 @@ async fn look_at_drift(connection: &Connection, config: &Config, state: &State, 
 }
 
 /// Declares the topology of `config` for the broker `connection` is open to, and warns about
-/// queues kept in an older shape (see [`topology::OlderQueue`]), which it returns.
+/// queues kept in an older shape (see [`topology::OlderQueue`]), which it returns with the
+/// ladders a release before the topology stream declared.
 ///
 /// A ladder an earlier release declared in an older layout is moved to today's (`upgrade`)
 /// until the stream records it in today's layout with its old tiers pruned. A new ladder
@@ -380,7 +382,7 @@ async fn declare(
     connection: &Connection,
     config: &Config,
     known: Option<&crate::model::drift::Registry>,
-) -> Result<Declared, TopologyError> {
+) -> Result<Applied, TopologyError> {
     let version = topology::version_of(connection);
     let mut plan = topology::plan(config, version);
     if let Some(registry) = known {
@@ -440,15 +442,15 @@ async fn declare(
              arguments to an existing queue, so give it what it lacks with a policy"
         );
     }
-    Ok(Declared {
+    Ok(Applied {
         older: older_queues,
         unrecorded,
     })
 }
 
-/// What [`declare`] did that the drift record needs.
+/// What [`declare`] found that the drift record needs.
 #[derive(Clone)]
-struct Declared {
+struct Applied {
     /// Queues kept in an older shape.
     older: Vec<topology::OlderQueue>,
     /// Ladders a release before the topology stream declared: their own tiers of before are
@@ -588,8 +590,8 @@ async fn session(
         .and_then(Result::ok),
     };
     let declared = match declare(&connection, config, known.as_ref()).await {
-        Ok(declared) => {
-            look_at_drift(&connection, config, state, declared).await;
+        Ok(applied) => {
+            look_at_drift(&connection, config, state, applied).await;
             Ok(())
         }
         Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict.into())),
