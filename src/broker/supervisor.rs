@@ -426,7 +426,7 @@ async fn declare(
         if !steps.is_empty() {
             info!(ladder = %spec.name, layout = upgrade::LAYOUT, steps = steps.len(), "moving a ladder declared by an earlier release to today's layout");
         }
-        if before == upgrade::Before::Older && !known.is_some_and(|r| r.knows_queue(&names.intake_queue)) {
+        if before == upgrade::Before::Unrecorded {
             unrecorded.push(spec.name.clone());
         }
         plan.extend(steps);

@@ -27,7 +27,10 @@ pub const LAYOUT: u32 = 2;
 pub enum Before {
     /// Not at all: a new ladder.
     Nothing,
-    /// In an older layout.
+    /// By a release before the topology stream (903c5df): its own tiers of before are not
+    /// recorded yet.
+    Unrecorded,
+    /// In an older layout the stream records.
     Older,
     /// In today's layout.
     Current,
@@ -48,7 +51,7 @@ impl Before {
     ) -> Before {
         let Some(registry) = registry.filter(|r| r.knows_queue(&names.intake_queue)) else {
             return if intake_exists().await {
-                Before::Older
+                Before::Unrecorded
             } else {
                 Before::Nothing
             };
@@ -66,7 +69,7 @@ impl Before {
 
 /// What moves ladder `spec` from `before` to today's layout: nothing unless it is older.
 pub fn steps(names: &Names, spec: &LadderSpec, before: Before) -> Vec<Declaration> {
-    if before != Before::Older {
+    if matches!(before, Before::Nothing | Before::Current) {
         return Vec::new();
     }
     let unbind = |exchange: &str, queue: &str, key: &str, args| Declaration::Unbinding {
@@ -153,9 +156,9 @@ mod tests {
         assert_eq!(Before::of(Some(&draining), &names, &s, absent).await, Before::Older);
         // not in the stream: 903c5df declared it (it had no stream), or nobody did
         let empty = Registry::default();
-        assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Older);
+        assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Unrecorded);
         assert_eq!(Before::of(Some(&empty), &names, &s, absent).await, Before::Nothing);
-        assert_eq!(Before::of(None, &names, &s, exists).await, Before::Older);
+        assert_eq!(Before::of(None, &names, &s, exists).await, Before::Unrecorded);
         // a ladder added to a namespace already in today's layout is new
         let other = Names::new("ns", "billing");
         assert_eq!(Before::of(Some(&current), &other, &s, absent).await, Before::Nothing);
@@ -167,6 +170,7 @@ mod tests {
         let names = Names::of("ns", &s);
         assert!(steps(&names, &s, Before::Nothing).is_empty());
         assert!(steps(&names, &s, Before::Current).is_empty());
+        assert_eq!(steps(&names, &s, Before::Unrecorded), steps(&names, &s, Before::Older));
         let lines: Vec<String> = steps(&names, &s, Before::Older).iter().map(|d| d.to_string()).collect();
         for line in [
             "unbind   ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"",
