@@ -15,7 +15,7 @@ use std::time::Duration;
 use regex::RegexSet;
 use serde::Deserialize;
 
-use crate::model::ladder::{DeadLetterStrategy, FirstFailures, Jitter, LadderSpec, QueueType, Senders, Unidentified};
+use crate::model::ladder::{DeadLetterStrategy, Jitter, LadderSpec, QueueType, Senders, Unidentified};
 
 /// Largest TTL RabbitMQ accepts for `x-message-ttl` (2^32 - 1 ms, about 49.7 days).
 const MAX_TIER_MS: u128 = u32::MAX as u128;
@@ -350,7 +350,8 @@ struct RawLadder {
     unidentified: Option<Unidentified>,
     exact_delays: Option<bool>,
     jitter: Option<String>,
-    first_failures: Option<FirstFailures>,
+    /// Removed with layout 3 (every first failure passes the intake): refused with a reason.
+    first_failures: Option<toml::Value>,
     allow_exchanges: Option<Vec<String>>,
     release_rate: Option<String>,
     auto_hold: Option<RawAutoHold>,
@@ -1077,11 +1078,10 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
             "needs exact_delays = true: a spread step waits in the delay levels".into(),
         ));
     }
-    let first_failures = raw.first_failures.unwrap_or_default();
-    if jitter.is_some() && first_failures == FirstFailures::Direct {
+    if raw.first_failures.is_some() {
         return Err(err(
             "first_failures",
-            "\"direct\" needs a ladder without jitter: the intake draws each first delay".into(),
+            "is gone: every first failure passes the intake, which checks and counts it at once; delete the key".into(),
         ));
     }
     let allow_exchanges = raw.allow_exchanges.unwrap_or_default();
@@ -1100,7 +1100,6 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
     }
     spec.set_exact_delays(exact_delays);
     spec.jitter = jitter;
-    spec.first_failures = first_failures;
     spec.allow_exchanges = allow_exchanges;
     if let Some(rate) = raw.release_rate {
         spec.release_rate = rate

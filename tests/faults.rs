@@ -920,7 +920,7 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
     let started_ms = now_ms();
     let producer = Producer::start(
         client_urls,
-        rig.names.intake_exchange.clone(),
+        rig.names.exchange.clone(),
         RATE,
         props_for(rig.destination.clone()),
     );
@@ -959,7 +959,7 @@ async fn scenario(cluster: Cluster, fault: Fault, replicas: usize) {
                 .with_delivery_mode(2)
                 .with_headers(headers);
             let confirm = channel
-                .basic_publish(&rig.names.intake_exchange, "", true, &props, b"levelled")
+                .basic_publish(&rig.names.exchange, "", true, &props, b"levelled")
                 .unwrap();
             let confirmed = tokio::time::timeout(WAIT, confirm).await.expect("confirmed").unwrap();
             assert_eq!(confirmed, ladder_amqp::Confirmation::Ack);

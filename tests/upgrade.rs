@@ -288,7 +288,7 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
     let held = format!("{ns}-held");
     queues.extend([orders.clone(), held.clone(), names.held_queue(&held)]);
     // what the previous release declared beyond this one's plan: the ladder's own tiers
-    exchanges.extend([names.intake_exchange.clone()]);
+    exchanges.extend([names.exchange.clone()]);
     queues.extend(
         config.ladders[0]
             .tiers
@@ -305,7 +305,7 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
         ..Default::default()
     };
     let mut dl = FieldTable::default();
-    dl.set("x-dead-letter-exchange", text(&names.intake_exchange));
+    dl.set("x-dead-letter-exchange", text(&names.exchange));
     ch.queue_declare(&held, durable, FieldTable::default()).await.unwrap();
 
     // the previous release serves alone: N.L is bound straight to N.L.intake, the tiers are the
@@ -318,7 +318,7 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
     // resolution), a hold, and a cancelled retry
     for id in ["parked-1", "parked-2"] {
         let props = retry_props(&orders, Some(3)).with_message_id(id).with_delivery_mode(2);
-        publish(&ch, &names.intake_exchange, "", b"parked", props).await;
+        publish(&ch, &names.exchange, "", b"parked", props).await;
     }
     let list = eventually("the previous release parked two", WAIT, async || {
         let out = command(&previous, &config_path, &["parked", "list", "--stream"]);
@@ -335,7 +335,7 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
     command(&previous, &config_path, &["hold", &held, "--why", "upgrade test"]);
     publish(
         &ch,
-        &names.intake_exchange,
+        &names.exchange,
         "",
         b"cancelled",
         retry_props(&orders, None)
@@ -359,7 +359,7 @@ async fn a_rolling_deploy_from_the_previous_release_loses_nothing_and_reads_its_
         headers.set("x-delay", FieldValue::LongLongInt(SCHEDULED_DELAY_MS as i64));
         props = props.with_headers(headers);
         scheduled_at.insert(id, now_ms());
-        publish(&ch, &names.intake_exchange, "", b"scheduled", props).await;
+        publish(&ch, &names.exchange, "", b"scheduled", props).await;
     }
     let mut destination = consume(&conn, &orders).await;
     // per message, each delivery's retry-attempt (0: the first delivery) and when it came

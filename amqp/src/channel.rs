@@ -845,6 +845,24 @@ impl Channel {
         self.call(method, None).await.map(|_| ())
     }
 
+    /// Removes the binding of exchange `destination` to exchange `source` with `routing_key`
+    /// and `arguments`.
+    pub async fn exchange_unbind(
+        &self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+    ) -> Result<()> {
+        let method = Method::ExchangeUnbind {
+            destination: ShortString::try_from(destination)?,
+            source: ShortString::try_from(source)?,
+            routing_key: ShortString::try_from(routing_key)?,
+            arguments,
+        };
+        self.call(method, None).await.map(|_| ())
+    }
+
     /// Removes every ready message of `queue`; returns how many.
     pub async fn queue_purge(&self, queue: &str) -> Result<u32> {
         match self

@@ -433,7 +433,7 @@ fn scheduled(svc: &Service, ladder: &str, dest: &str, step: u32, seq: u64, delay
         headers.set("x-delay", FieldValue::LongLongInt(delay_ms as i64));
     }
     Msg {
-        exchange: svc.names(ladder).intake_exchange,
+        exchange: svc.names(ladder).exchange,
         routing_key: String::new(),
         properties: BasicProperties::default()
             .with_delivery_mode(2)
@@ -927,7 +927,7 @@ async fn native(svc: &mut Service, registry: &Registry, plan: &Plan) -> Result<N
             &svc.consume,
             &work_q,
             Fail::Ladder {
-                intake: svc.names(RETRY).intake_exchange,
+                intake: svc.names(RETRY).exchange,
                 publish: confirm_channel(&svc.consume).await?,
             },
             1,

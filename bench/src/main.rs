@@ -93,10 +93,6 @@ struct Cli {
     /// Only these tier configurations (comma-separated: quorum-alo, quorum-amo, classic).
     #[arg(long, global = true, value_delimiter = ',')]
     cfgs: Vec<String>,
-    /// The ladders' `first_failures` (`direct`: first failures wait their first step past the
-    /// intake, in the ladder and the relay alike; a ladder before 6d1aa4b refuses the key).
-    #[arg(long, global = true)]
-    first_failures: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -517,7 +513,6 @@ async fn bench(cli: Cli) -> Result<bool> {
         return Err(anyhow!("--only {bad}: not one of {}", known.join(", ")));
     }
     profile.only = cli.only.clone();
-    profile.first_failures = cli.first_failures.clone();
     if !cli.rates.is_empty() {
         profile.fixed_rates = cli.rates.clone();
     }

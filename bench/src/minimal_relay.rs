@@ -1,13 +1,11 @@
 //! The minimal relay (`ladder-bench relay`): the same two hops as the ladder over the same
 //! topology, with nothing else — the physical limit of this design on this broker.
 //!
-//! intake: consume `N.L.intake` → publish to `N.L.tiers` with the tier as routing key, which
-//! routes into the namespace's shared tier queue `N.delay.<tier>` → confirm → ack. The tier
-//! dead-letters into `N.due`, a headers exchange that routes by `retry-ladder` to `N.L.due`.
+//! intake: consume `N.L.intake` → publish through the default exchange into the namespace's
+//! shared tier queue `N.delay.<tier>` → confirm → ack. The tier dead-letters into `N.due`, a
+//! headers exchange that routes by `retry-ladder` to `N.L.due`.
 //! due: consume `N.L.due` → publish to the default exchange with `retry-to` as routing key →
-//! confirm → ack. A first failure the broker routed past the intake into the ladder's first
-//! wait (`N.L.wait.<tier>`, which dead-letters into `N.L.due` with the key `wait.<tier>`) gets
-//! the intake's headers at the due hop, as the ladder's due hop takes it in there.
+//! confirm → ack.
 //!
 //! The relay writes the same protocol headers the ladder writes on each hop
 //! (`model::protocol::intake` and `due`), so both publish the same header bytes and the
@@ -48,10 +46,10 @@ pub struct RelayArgs {
     /// `L`, written as `retry-ladder`: `N.due` routes what expires in the shared tier by it.
     #[arg(long)]
     pub ladder: String,
-    /// `N.L.tiers`.
+    /// The tier queue (`N.delay.1s`), published to through the default exchange.
     #[arg(long)]
-    pub tiers_exchange: String,
-    /// The tier's routing key (`1s`).
+    pub tier_queue: String,
+    /// The tier's name (`1s`), written as `retry-tier`.
     #[arg(long)]
     pub tier: String,
     /// The tier's TTL, for `retry-due-at`.
@@ -143,14 +141,9 @@ async fn relay_one(hop: Hop, args: &RelayArgs, ch: Channel, d: Delivery) -> ladd
     let (exchange, routing_key) = match hop {
         Hop::Intake => {
             take_in(args, &mut headers, now_ms());
-            (args.tiers_exchange.as_str(), args.tier.clone())
+            ("", args.tier_queue.clone())
         }
         Hop::Due => {
-            if ladder::model::names::waited_tier(d.routing_key.as_bytes()).is_some() {
-                // a first failure the broker routed past the intake into its first wait
-                // (`N.L.wait.<tier>`): taken in here, as the ladder's due hop does
-                take_in(args, &mut headers, now_ms().saturating_sub(args.ttl_ms));
-            }
             let to = match headers.get(header::RETRY_TO) {
                 Some(FieldValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
                 _ => String::new(),

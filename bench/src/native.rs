@@ -15,8 +15,7 @@
 //! consumer rejects with requeue. Ladder side: the real `ladder run`, ladder `retry` with
 //! `backoff = ["1s"]`, in dead-letter mode: its work queue (quorum) dead-letters into the
 //! ladder's exchange and the consumer rejects without requeue. Everything declared is deleted at
-//! the end; no broker is stopped or restarted. With `--direct`, one more side, `ladder-direct`:
-//! the same through a ladder with `first_failures = "direct"`.
+//! the end; no broker is stopped or restarted.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -39,8 +38,6 @@ use crate::stats::{Pcts, pcts};
 const DELAY_MS: u64 = 1000;
 /// The ladder without a hold, and the one with `auto_hold`.
 const RETRY: &str = "retry";
-/// The ladder with `first_failures = "direct"` (`native --direct`).
-const DIRECT: &str = "direct";
 const AUTO: &str = "autohold";
 /// Publishes in flight (unconfirmed) at once.
 const WINDOW: usize = 20_000;
@@ -67,10 +64,6 @@ pub struct NativeArgs {
     /// dead-lettering, deliveries, acks) and reported per retry.
     #[arg(long)]
     pub ctl: Option<String>,
-    /// One more side, `ladder-direct`: the same dead-letter mode through a ladder with
-    /// `first_failures = "direct"` (the first failure waits its first step past the intake).
-    #[arg(long)]
-    pub direct: bool,
 }
 
 /// `ladder-bench outage`.
@@ -390,7 +383,7 @@ async fn declare_native(svc: &Service, registry: &Registry, queue: &str, limit: 
 async fn declare_work(svc: &Service, registry: &Registry, queue: &str, ladder: &str) -> Result<()> {
     let mut args = FieldTable::new();
     args.set("x-queue-type", text("quorum"));
-    args.set("x-dead-letter-exchange", text(&svc.names(ladder).intake_exchange));
+    args.set("x-dead-letter-exchange", text(&svc.names(ladder).exchange));
     broker::declare_queue(&svc.ctl, registry, queue, args).await
 }
 
@@ -439,18 +432,10 @@ async fn ladder_side(
         failer: Failer::start(&svc.consume, &queue, Fail::DeadLetter, failures).await?,
         watch: [queue.clone(), names.intake_queue.clone(), names.due.clone(), tier]
             .into_iter()
-            .chain(spec_first_wait(svc, ladder))
             .collect(),
         queue,
         ladder: true,
     })
-}
-
-/// The first wait of ladder `ladder` (`N.L.wait.<step>`), if it has `first_failures = "direct"`.
-fn spec_first_wait(svc: &Service, ladder: &str) -> Option<String> {
-    svc.spec(ladder)
-        .first_route()
-        .map(|first| svc.names(ladder).wait_queue(first))
 }
 
 /// A message for `queue` through the default exchange: persistent, the benchmark body.
@@ -492,8 +477,6 @@ pub struct NativePlan {
     pub rounds: u32,
     /// A `rabbitmqctl` for the node, to count its operations.
     pub ctl: Option<String>,
-    /// The `ladder-direct` side too.
-    pub direct: bool,
 }
 
 impl NativePlan {
@@ -510,7 +493,6 @@ impl NativePlan {
             secs: args.secs.unwrap_or(if smoke { 2.0 } else { 10.0 }),
             rounds: args.rounds.unwrap_or(if smoke { 1 } else { 2 }).max(1),
             ctl: args.ctl.clone(),
-            direct: args.direct,
         }
     }
 }
@@ -530,23 +512,16 @@ pub async fn measure_native(
     let max_attempts = format!("max_attempts = {limit}\n");
     let ns_file = |ns: &str| ladder_file(ns, "1s", &max_attempts);
     let ns = format!("bench-{}-0", std::process::id());
-    let mut ladders = vec![(RETRY, ns_file(&ns))];
-    if plan.direct {
-        let direct = format!("{max_attempts}first_failures = \"direct\"\n");
-        ladders.push((DIRECT, ladder_file(&ns, "1s", &direct)));
-    }
+    let ladders = vec![(RETRY, ns_file(&ns))];
     let mut svc = service(url, &ladders, work, ladder_bin, registry).await?;
     out.machine.rabbitmq = version;
     out.machine.broker = svc.host_port();
     out.broker_cpu_measured = svc.broker_pid.is_some();
-    let mut sides = vec![
+    let sides = vec![
         plain_side(&svc, registry).await?,
         native_side(&svc, registry, plan.failures, limit).await?,
         ladder_side(&svc, registry, "ladder", RETRY, plan.failures).await?,
     ];
-    if plan.direct {
-        sides.push(ladder_side(&svc, registry, "ladder-direct", DIRECT, plan.failures).await?);
-    }
     eprintln!(
         "native delayed retry vs Ladder (dead-letter mode) on {} ({}): {} failure(s) per message, rates {:?} retries/s, {} s windows, {} round(s)",
         svc.host_port(),
@@ -993,7 +968,7 @@ pub fn native_markdown(r: &NativeResults) -> String {
     rates.dedup();
     for rate in rates {
         let find = |side: &str| r.pooled.iter().find(|p| p.side == side && p.rate == rate);
-        for side in ["ladder", "ladder-direct"] {
+        for side in ["ladder"] {
             if let (Some(n), Some(l)) = (find("native"), find(side)) {
                 let _ = writeln!(
                     o,

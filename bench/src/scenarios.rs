@@ -117,9 +117,6 @@ pub struct Profile {
     pub child_env: Vec<(String, String)>,
     /// A command the ladder and the relays run under, alike (a profiler).
     pub wrap: Vec<String>,
-    /// The ladders' `first_failures` (`direct`: the bench's first failures wait their first step
-    /// past the intake, in the ladder and in the relay alike); `None`: the ladder's default.
-    pub first_failures: Option<String>,
 }
 
 impl Profile {
@@ -156,7 +153,6 @@ impl Profile {
             only: vec![],
             child_env: vec![],
             wrap: vec![],
-            first_failures: None,
         }
     }
 
@@ -203,7 +199,6 @@ impl Profile {
             only: vec![],
             child_env: vec![],
             wrap: vec![],
-            first_failures: None,
         }
     }
 }
@@ -390,13 +385,10 @@ impl Bench {
         std::fs::write(&path, main)?;
         for (name, backoff, queue_type, strategy) in ladders {
             let backoff: Vec<String> = backoff.iter().map(|b| format!("\"{b}\"")).collect();
-            let mut text = format!(
+            let text = format!(
                 "backoff = [{}]\nallow = [\"^{ns}-\"]\nqueue_type = \"{queue_type}\"\ndead_letter_strategy = \"{strategy}\"\n",
                 backoff.join(", ")
             );
-            if let Some(first) = &self.profile.first_failures {
-                text.push_str(&format!("first_failures = \"{first}\"\n"));
-            }
             std::fs::write(dir.join("ladders").join(format!("{name}.toml")), text)?;
         }
         let config = ladder::config::load(&path, &HashMap::new()).map_err(|e| anyhow!("{e}"))?;
@@ -443,7 +435,13 @@ impl Bench {
         .await
         .map_err(|e| anyhow!("declare the relay's topology: {e}"))?;
         for cfg in self.profile.cfgs.clone() {
-            let names = Names::new(&self.relay_ns, cfg.ladder);
+            let spec = relay_config
+                .ladders
+                .iter()
+                .find(|l| l.name == cfg.ladder)
+                .ok_or_else(|| anyhow!("the relay's config has no ladder {}", cfg.ladder))?;
+            let names = Names::of(&self.relay_ns, spec);
+            let tier_queue = names.tier_queue_named(TIER);
             let args: Vec<String> = [
                 "relay",
                 "--url",
@@ -454,8 +452,8 @@ impl Bench {
                 &names.due,
                 "--ladder",
                 cfg.ladder,
-                "--tiers-exchange",
-                &names.tiers_exchange,
+                "--tier-queue",
+                &tier_queue,
                 "--tier",
                 TIER,
                 "--ttl-ms",
@@ -530,21 +528,16 @@ impl Bench {
                     "ladder" => self.ladder.as_ref().map(Child::pid).unwrap_or(0),
                     _ => self.relays[cfg.key].pid(),
                 };
-                let mut watch = vec![
+                let watch = vec![
                     names.intake_queue.clone(),
                     names.tier_queue_named(TIER),
                     names.due.clone(),
                     dest.clone(),
                 ];
-                // the first failures' wait, with first_failures = "direct"
-                let direct = config.ladders.iter().find(|l| l.name == cfg.ladder);
-                if let Some(first) = direct.and_then(|l| l.first_route()) {
-                    watch.push(names.wait_queue(first));
-                }
                 self.targets.push(Target {
                     label,
                     cfg,
-                    intake_exchange: names.intake_exchange.clone(),
+                    intake_exchange: names.exchange.clone(),
                     watch,
                     dest,
                     collector,
@@ -897,7 +890,7 @@ impl Bench {
             }
         };
         let ch_ttl = confirm_channel(&self._publish_conn).await?;
-        let intake = names.intake_exchange.clone();
+        let intake = names.exchange.clone();
         let ladder_run = broker::publish(
             &self.publish_ch,
             Some(rate),
@@ -1146,7 +1139,7 @@ impl Bench {
         out.broker_rss_kb.0 = broker_before.rss_kb;
         let started = Instant::now();
         let dest = format!("{}-dest-long", self.ns);
-        let intake = names.intake_exchange.clone();
+        let intake = names.exchange.clone();
         let publish = broker::publish(
             &self.publish_ch,
             None,

@@ -127,7 +127,7 @@ impl LaddersView {
                 let polled = snapshot.and_then(|s| s.ladder(&spec.name));
                 LadderView {
                     name: spec.name.clone(),
-                    exchange: names.intake_exchange.clone(),
+                    exchange: names.exchange.clone(),
                     tiers: spec
                         .tiers
                         .iter()

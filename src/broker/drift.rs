@@ -92,7 +92,11 @@ pub async fn record(
     unrecorded: &[String],
 ) -> Result<Registry, DriftError> {
     let mut registry = read(connection, &config.namespace).await?;
-    let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version);
+    let older = |names: &Names| {
+        unrecorded.iter().any(|l| names.exchange == format!("{}.{l}", config.namespace))
+            || crate::model::upgrade::forwards(&registry, names)
+    };
+    let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version, older);
     // the tiers a ladder declared itself before tiers were shared, where they still exist:
     // recorded, so they show as retired until `ladder prune` removes them
     let unknown: Vec<Known> = crate::model::drift::own_tiers(&config.namespace, &config.ladders)
@@ -213,7 +217,7 @@ pub async fn survey(connection: &Connection, config: &Config) -> Result<Survey, 
     let version = topology::version_of(connection);
     let registry = read(connection, &config.namespace).await?;
     let retired = retired_now(connection, config, version, &registry).await?;
-    let differing = compare(connection, &topology::plan(config, version)).await?;
+    let differing = compare(connection, &topology::plan_known(config, version, &registry)).await?;
     Ok(Survey { retired, differing })
 }
 
@@ -224,7 +228,9 @@ pub async fn retired_now(
     version: topology::BrokerVersion,
     registry: &Registry,
 ) -> Result<Vec<Retired>, DriftError> {
-    let planned = crate::model::drift::planned(&config.namespace, &config.ladders, version);
+    let planned = crate::model::drift::planned(&config.namespace, &config.ladders, version, |names: &Names| {
+        crate::model::upgrade::forwards(registry, names)
+    });
     let retired = registry.retired(&config.namespace, &planned);
     let observed = observe(connection, &retired).await?;
     let live: BTreeSet<&str> = config.ladders.iter().map(|l| l.name.as_str()).collect();
@@ -379,10 +385,10 @@ pub async fn prune(
         };
         let inflows = match (r.ladder_retired, r.role.strip_prefix("delay.")) {
             // a ladder's first wait of before (its first step changed): N.L.wait led into it
-            (false, None) if r.role.starts_with(crate::model::names::WAIT_KEY_PREFIX) => {
+            (false, None) if r.role.starts_with(RETIRED_WAIT) => {
                 let names = Names::new(&config.namespace, &r.ladder);
                 vec![Declaration::Binding {
-                    exchange: names.wait_exchange.clone(),
+                    exchange: format!("{}.wait", names.exchange),
                     queue: r.name.clone(),
                     key: String::new(),
                     args: Vec::new(),
@@ -392,7 +398,7 @@ pub async fn prune(
             // a ladder's own tier, from before tiers were shared
             (false, Some(tier)) if !r.ladder.is_empty() => {
                 let names = Names::new(&config.namespace, &r.ladder);
-                crate::model::plan::tier_inflows(&names, &r.ladder, tier, &r.name)
+                crate::model::plan::tier_inflows(&names, &r.ladder, tier, &r.name, true)
             }
             // a shared tier no ladder uses now: whichever served ladder may still route into it
             (false, Some(tier)) => {
@@ -402,7 +408,8 @@ pub async fn prune(
                     .iter()
                     .flat_map(|spec| {
                         let names = Names::of(&config.namespace, spec);
-                        crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name)
+                        let older = crate::model::upgrade::forwards(&registry, &names);
+                        crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name, older)
                     })
                     .collect()
             }
@@ -415,7 +422,7 @@ pub async fn prune(
         if (!r.stream && now.message_count > 0) || now.consumer_count > 0 {
             // a tier is bound again (a ladder may route into it); a first wait of before never
             // (bound, it would take a copy of every first failure beside the wait of now)
-            if !r.role.starts_with(crate::model::names::WAIT_KEY_PREFIX) {
+            if !r.role.starts_with(RETIRED_WAIT) {
                 set_inflows(&channel, &inflows, true).await?;
             }
             let _ = channel.close(200, "kept").await;
@@ -455,6 +462,9 @@ pub async fn prune(
     record_pruned(connection, &config.namespace, gone).await?;
     Ok(out)
 }
+
+/// The role of a first wait of before (`N.L.wait.<tier>`, `first_failures = "direct"`).
+const RETIRED_WAIT: &str = "wait.";
 
 /// Unbinds (or, `bind`, binds again) a retired tier's inflows ([`crate::model::plan::tier_inflows`]).
 async fn set_inflows(channel: &Channel, inflows: &[Declaration], bind: bool) -> Result<(), DriftError> {

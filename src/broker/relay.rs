@@ -267,12 +267,11 @@ pub async fn serve_on(
         // quarantine read them (dead-letter mode, why a message was dead-lettered), and so does
         // the due hop of a ladder that lists senders: the sender rule on a failure the broker
         // routed past the intake asks whether it was dead-lettered (`Mode`).
-        // A first failure that comes due from the ladder's first wait (`first_failures =
-        // "direct"`, routing key `wait.<step>`) keeps them: a dead-lettered one's destination
-        // is read from its `x-death`.
+        // A first failure that comes due from an older ladder's first wait (routing key
+        // `wait.<step>`, `model::upgrade`) keeps them: its destination is read from `x-death`.
         if ladder.spec.senders.is_none() {
             channel
-                .skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, crate::model::names::WAIT_KEY_PREFIX);
+                .skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, "wait.");
         }
     }
     let queue = queue.unwrap_or(ladder.queue(hop));
@@ -508,13 +507,13 @@ async fn settle(
             }
             match decision {
                 Decision::Forward(forward)
-                    if forward.kind == ForwardKind::Deliver
+                    if matches!(forward.kind, ForwardKind::Deliver)
                         && forward.exchange.is_empty()
                         && ladder.holds.holds_back(&forward.destination) =>
                 {
                     Ok(Step::Hold(forward))
                 }
-                Decision::Forward(forward) if forward.kind == ForwardKind::Deliver => Err(forward),
+                Decision::Forward(forward) if matches!(forward.kind, ForwardKind::Deliver) => Err(forward),
                 Decision::Forward(forward) => {
                     // a retry of a message the due hop delivered: a failure of its destination
                     if hop == Hop::Intake && forward.attempt >= 2 {
@@ -591,14 +590,18 @@ async fn settle(
         };
         step = match (step, publish) {
             (Step::Schedule(forward), Confirmation::Ack) => {
+                let tier = match forward.kind {
+                    ForwardKind::Wait { tier } => tier,
+                    ForwardKind::Deliver => "",
+                };
                 // the arrival's time: the publish followed it within the decision's microseconds
-                ladder.metrics.scheduled(&forward.routing_key, now);
+                ladder.metrics.scheduled(tier, now);
                 if hop == Hop::Intake || forward.failure {
                     // a wait begins (the due hop's waits are the next legs of the same one)
                     ladder.breaker().scheduled(&forward.destination, forward.due_at_ms, now);
                 }
                 debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
-                       tier = %forward.routing_key, trace_id = %trace_id(trace), "scheduled");
+                       tier, trace_id = %trace_id(trace), "scheduled");
                 return Ok(());
             }
             (Step::Hold(forward), Confirmation::Ack) => {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::broker::relay::{self, Hop, LadderRuntime};
-use crate::broker::topology::{self, Declaration, Names, TopologyError};
+use crate::broker::topology::{self, Names, TopologyError};
 use crate::config::{AmqpConfig, Config};
 use crate::metrics::Metrics;
 use crate::model::backoff::Backoff;
@@ -369,50 +369,15 @@ async fn look_at_drift(connection: &Connection, config: &Config, state: &State, 
 /// queues kept in an older shape (see [`topology::OlderQueue`]), which it returns with the
 /// ladders a release before the topology stream declared.
 ///
-/// A ladder an earlier release declared in an older layout is moved to today's (`upgrade`)
-/// until the stream records it in today's layout with its old tiers pruned. A new ladder
-/// unbinds nothing.
-///
-/// A ladder whose first step changed unbinds its first waits of before that `known` names
-/// (`plan::retired_waits`): `N.L.wait` is a fanout exchange, and a wait of before left bound
-/// would take a copy of every first failure. Its own wait is bound before and again after
-/// them, so two replicas starting at once with different first steps leave at least one
-/// bound.
+/// A ladder an earlier release declared keeps the forwarding layer of its fanout `N.L` and is
+/// moved off its ways in of before (`upgrade`); a new ladder declares today's layout only.
 async fn declare(
     connection: &Connection,
     config: &Config,
     known: Option<&crate::model::drift::Registry>,
 ) -> Result<Applied, TopologyError> {
     let version = topology::version_of(connection);
-    let mut plan = topology::plan(config, version);
-    if let Some(registry) = known {
-        for spec in &config.ladders {
-            let names = Names::of(&config.namespace, spec);
-            let waits = registry
-                .known()
-                .filter(|k| {
-                    k.kind == crate::model::drift::Kind::Queue
-                        && k.ladder == spec.name
-                        && k.role.starts_with(crate::model::names::WAIT_KEY_PREFIX)
-                })
-                .map(|k| k.name.as_str());
-            let unbind = crate::model::plan::retired_waits(&names, spec, waits);
-            if unbind.is_empty() {
-                continue;
-            }
-            plan.extend(unbind);
-            if let Some(first) = spec.first_route() {
-                plan.push(Declaration::Binding {
-                    exchange: names.wait_exchange.clone(),
-                    queue: names.wait_queue(first),
-                    key: String::new(),
-                    args: Vec::new(),
-                    to_exchange: false,
-                });
-            }
-        }
-    }
-    // after the whole plan: today's ways in are bound before those of before are removed
+    let mut plan = crate::model::plan::plan_shared(&config.namespace, &config.ladders, version);
     let mut unrecorded = Vec::new();
     for spec in &config.ladders {
         let names = Names::of(&config.namespace, spec);
@@ -422,14 +387,13 @@ async fn declare(
                 .unwrap_or(true)
         };
         let before = upgrade::Before::of(known, &names, spec, exists).await;
-        let steps = upgrade::steps(&names, spec, before);
-        if !steps.is_empty() {
-            info!(ladder = %spec.name, layout = upgrade::LAYOUT, steps = steps.len(), "moving a ladder declared by an earlier release to today's layout");
+        if before.is_older() {
+            info!(ladder = %spec.name, layout = upgrade::LAYOUT, "a ladder declared by an earlier release: its N.L forwards to N.L.next");
         }
         if before == upgrade::Before::Unrecorded {
             unrecorded.push(spec.name.clone());
         }
-        plan.extend(steps);
+        plan.extend(upgrade::plan_ladder(&names, spec, version, before));
     }
     let older_queues = topology::apply(connection, &plan).await?;
     for older in &older_queues {

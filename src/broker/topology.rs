@@ -12,6 +12,21 @@ pub fn plan(config: &Config, version: BrokerVersion) -> Vec<Declaration> {
     crate::model::plan::plan(&config.namespace, &config.ladders, version)
 }
 
+/// What the service declares for `config` on a broker of `version` where the topology stream
+/// knows `registry`: each ladder an earlier release declared with its forwarding layer
+/// ([`crate::model::upgrade`]), without the unbinds.
+pub fn plan_known(config: &Config, version: BrokerVersion, registry: &crate::model::drift::Registry) -> Vec<Declaration> {
+    use crate::model::upgrade::{self, Before};
+    let mut out = crate::model::plan::plan_shared(&config.namespace, &config.ladders, version);
+    for spec in &config.ladders {
+        let names = Names::of(&config.namespace, spec);
+        let before = Before::from_older(upgrade::forwards(registry, &names));
+        out.extend(upgrade::plan_ladder(&names, spec, version, before));
+    }
+    out.retain(|d| !matches!(d, Declaration::Unbinding { .. }));
+    out
+}
+
 /// The version of the broker `connection` is open to (the latest if it does not say).
 pub fn version_of(connection: &Connection) -> BrokerVersion {
     BrokerVersion::from_server(connection.server_version())
@@ -168,7 +183,15 @@ async fn declare(
             queue,
             key,
             args,
+            to_exchange: false,
         } => channel.queue_unbind(queue, exchange, key, table(args)).await,
+        Declaration::Unbinding {
+            exchange,
+            queue,
+            key,
+            args,
+            to_exchange: true,
+        } => channel.exchange_unbind(queue, exchange, key, table(args)).await,
     }
 }
 

@@ -102,13 +102,13 @@ async fn send_and_watch(
 ) -> Result<ExitCode, String> {
     let to = args.to.as_str();
     // a passive declare that fails closes its channel: one channel per question
-    if call("", channel(connection).await?.exchange_inspect(&names.intake_exchange))
+    if call("", channel(connection).await?.exchange_inspect(&names.exchange))
         .await
         .is_err()
     {
         return Err(format!(
             "exchange {} does not exist: start the service first (ladder run), or declare it (ladder apply)",
-            names.intake_exchange
+            names.exchange
         ));
     }
     let ch = channel(connection).await?;
@@ -147,7 +147,7 @@ async fn send_and_watch(
     call("confirm mode", ch.confirm_select()).await?;
     let confirm = ch
         .basic_publish(
-            &names.intake_exchange,
+            &names.exchange,
             "",
             true,
             &properties,
@@ -156,18 +156,18 @@ async fn send_and_watch(
         .map_err(|e| format!("publishing: {e}"))?;
     match call("publishing", confirm).await? {
         Confirmation::Ack | Confirmation::NotRequested => {}
-        Confirmation::Nack => return Err(format!("the broker refused the publish to {}", names.intake_exchange)),
+        Confirmation::Nack => return Err(format!("the broker refused the publish to {}", names.exchange)),
         Confirmation::Returned(_) => {
             return Err(format!(
                 "{} routed it to no queue: is {} declared and bound? (ladder apply)",
-                names.intake_exchange, names.intake_queue
+                names.exchange, names.intake_queue
             ));
         }
     }
     let sent = Instant::now();
     println!(
         "sent {id} to exchange {} (the ladder's intake), with retry-to: {to}",
-        names.intake_exchange
+        names.exchange
     );
     println!(
         "  the ladder takes it from {}, counts attempt 1 and holds it {} in {}",

@@ -148,6 +148,11 @@ impl Registry {
         self.known.contains_key(&(Kind::Queue, name.to_string()))
     }
 
+    /// Whether it knows an exchange named `name`.
+    pub fn knows_exchange(&self, name: &str) -> bool {
+        self.known.contains_key(&(Kind::Exchange, name.to_string()))
+    }
+
     /// Whether it knows `object` (by kind and name).
     pub fn knows(&self, object: &Known) -> bool {
         self.known.contains_key(&(object.kind, object.name.clone()))
@@ -198,8 +203,14 @@ impl Registry {
 }
 
 /// Every queue and exchange the plan of `ladders` declares in `namespace`, as the topology
-/// stream records them.
-pub fn planned(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Known> {
+/// stream records them; with the forwarding layer of each ladder `older` says an earlier
+/// release declared ([`crate::model::upgrade`]).
+pub fn planned(
+    namespace: &str,
+    ladders: &[LadderSpec],
+    version: BrokerVersion,
+    older: impl Fn(&Names) -> bool,
+) -> Vec<Known> {
     // the namespace's own objects (ladder ""): their role is their name after `N.`
     let shared = (
         String::new(),
@@ -209,12 +220,12 @@ pub fn planned(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) 
     );
     let own = ladders.iter().map(|spec| {
         let names = Names::of(namespace, spec);
-        let base = format!("{}.", names.intake_exchange);
+        let base = format!("{}.", names.exchange);
         (
             spec.name.clone(),
             base,
             ENTRY_ROLE,
-            plan::plan_ladder(&names, spec, version),
+            upgrade::plan_ladder(&names, spec, version, upgrade::Before::from_older(older(&names))),
         )
     });
     let mut out = Vec::new();
@@ -478,10 +489,9 @@ mod tests {
 
     #[test]
     fn the_plan_is_recorded_once_and_a_removed_tier_is_retired() {
-        let mut six = spec("t", &["6s"]);
-        six.first_failures = crate::model::ladder::FirstFailures::Direct;
+        let six = spec("t", &["6s"]);
         let mut registry = Registry::default();
-        let first = planned("ns", std::slice::from_ref(&six), v());
+        let first = planned("ns", std::slice::from_ref(&six), v(), |_| false);
         let record = registry.declaring(&first, 1, "a").expect("a new plan is recorded");
         registry.apply(&record);
         assert_eq!(
@@ -491,20 +501,12 @@ mod tests {
         );
         assert!(registry.retired("ns", &first).is_empty());
 
-        let mut two = spec("t", &["2s", "4s"]);
-        two.first_failures = crate::model::ladder::FirstFailures::Direct;
-        let second = planned("ns", std::slice::from_ref(&two), v());
+        let two = spec("t", &["2s", "4s"]);
+        let second = planned("ns", std::slice::from_ref(&two), v(), |_| false);
         registry.apply(&registry.declaring(&second, 3, "b").expect("new tiers are recorded"));
         let retired = registry.retired("ns", &second);
         let names: Vec<&str> = retired.iter().map(|k| k.name.as_str()).collect();
-        // the old tier, and the ladder's first wait of that step
-        assert_eq!(
-            names,
-            ["ns.delay.6s", "ns.t.wait.6s"],
-            "only the old waits are retired: {names:?}"
-        );
-        assert_eq!((retired[1].ladder.as_str(), retired[1].role.as_str()), ("t", "wait.6s"));
-        assert_eq!(retired[1].ttl_ms, Some(6_000));
+        assert_eq!(names, ["ns.delay.6s"], "only the old tier is retired: {names:?}");
         assert_eq!(retired[0].ttl_ms, Some(6_000));
         assert_eq!(retired[0].tier(), Some("6s"));
         assert_eq!(
@@ -517,10 +519,7 @@ mod tests {
         registry.apply(&TopologyRecord::Pruned {
             at_ms: 4,
             by: "p".into(),
-            objects: vec![
-                (Kind::Queue, "ns.delay.6s".into()),
-                (Kind::Queue, "ns.t.wait.6s".into()),
-            ],
+            objects: vec![(Kind::Queue, "ns.delay.6s".into())],
         });
         assert!(registry.retired("ns", &second).is_empty());
     }
@@ -528,9 +527,9 @@ mod tests {
     #[test]
     fn a_record_round_trips_and_holds_everything_known() {
         let mut registry = Registry::default();
-        let a = planned("ns", &[spec("a", &["1s"])], v());
+        let a = planned("ns", &[spec("a", &["1s"])], v(), |_| false);
         registry.apply(&registry.declaring(&a, 1, "x").unwrap());
-        let b = planned("ns", &[spec("b", &["1s"])], v());
+        let b = planned("ns", &[spec("b", &["1s"])], v(), |_| false);
         let record = registry.declaring(&b, 2, "y").unwrap();
         let back = TopologyRecord::from_slice(&record.to_vec()).expect("reads back");
         assert_eq!(back, record);
@@ -547,7 +546,7 @@ mod tests {
         assert!(
             retired
                 .iter()
-                .any(|k| k.kind == Kind::Exchange && k.name == "ns.a.next")
+                .any(|k| k.kind == Kind::Exchange && k.name == "ns.a.intake")
         );
         assert!(TopologyRecord::from_slice(b"{\"record\":\"other\"}").is_none());
     }
@@ -566,13 +565,13 @@ mod tests {
         registry.apply(
             &registry
                 .declaring(
-                    &planned("ns", &[spec("t", &["6s"]), spec("gone", &["1s"])], v()),
+                    &planned("ns", &[spec("t", &["6s"]), spec("gone", &["1s"])], v(), |_| false),
                     1,
                     "x",
                 )
                 .unwrap(),
         );
-        let now = planned("ns", &[spec("t", &["2s"])], v());
+        let now = planned("ns", &[spec("t", &["2s"])], v(), |_| false);
         let retired = registry.retired("ns", &now);
         let live = BTreeSet::from(["t"]);
         // the 6 s tier holds 3 messages; everything of `gone` is empty
@@ -620,7 +619,7 @@ mod tests {
                 .iter()
                 .all(|n| { report.iter().find(|r| r.name == *n).unwrap().kind == Kind::Queue })
         );
-        assert!(deleted.contains(&"ns.gone.intake") && deleted.contains(&"ns.gone.next"));
+        assert!(deleted.contains(&"ns.gone.intake") && deleted.contains(&"ns.gone"));
         // with the parking lot, it goes too
         assert!(
             prune_plan(&report, true)

@@ -59,34 +59,6 @@ impl DeadLetterStrategy {
     }
 }
 
-/// Which way a ladder's first failures take (ladder key `first_failures`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FirstFailures {
-    /// Every first failure through the intake hop (the default): checked, counted and parked
-    /// the moment it arrives, told to the Destinations page's waiting counts, and in the
-    /// accounting from then on.
-    #[default]
-    Intake,
-    /// A first failure that needs nothing of the intake (no `retry-delay`, `x-delay`,
-    /// `delay-until`, `retry-attempt` or `retry-next`: a consumer's first reject or republish)
-    /// waits its first step in the ladder's own `N.L.wait.<tier>` and is taken in by
-    /// the due hop when it comes due — one enqueue and one pass through the service fewer. Its
-    /// checks, count and park come a first step later, and while it waits the service has not
-    /// seen it (the accounting and the Destinations page count it from then on).
-    Direct,
-}
-
-impl FirstFailures {
-    /// The config value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FirstFailures::Intake => "intake",
-            FirstFailures::Direct => "direct",
-        }
-    }
-}
-
 /// One delay step of a ladder, with its compact name (the routing key and queue suffix).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tier {
@@ -256,8 +228,6 @@ pub struct LadderSpec {
     pub exact_delays: bool,
     /// The spread of every backoff step, if any.
     pub jitter: Option<Jitter>,
-    /// Which way its first failures take ([`FirstFailures`]).
-    pub first_failures: FirstFailures,
     /// Retries allowed before a message is parked with `max-attempts`.
     pub max_attempts: u32,
     /// Destination queues this ladder may deliver to.
@@ -359,7 +329,6 @@ impl LadderSpec {
             steps,
             exact_delays: false,
             jitter: None,
-            first_failures: FirstFailures::Intake,
             backoff,
             max_attempts,
             allow,
@@ -440,18 +409,6 @@ impl LadderSpec {
             return None;
         }
         Some(self.tier_for_attempt(u32::try_from(next).unwrap_or(u32::MAX)))
-    }
-
-    /// Where a first failure waits when the broker routes it past the intake (`N.L.wait.<tier>`,
-    /// [`Names::wait_queue`](crate::model::names::Names::wait_queue)): the tier of retry 1, as
-    /// [`LadderSpec::next_route`] says for a message never retried. `None` when the intake
-    /// takes every first failure: `first_failures = "intake"` (the default), a ladder with
-    /// `jitter`, or none allowed.
-    pub fn first_route(&self) -> Option<&Tier> {
-        match self.first_failures {
-            FirstFailures::Intake => None,
-            FirstFailures::Direct => self.next_route(0),
-        }
     }
 
     /// The tier to wait in next when `remaining` is still to wait: the longest tier no longer

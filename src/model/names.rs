@@ -26,33 +26,19 @@ pub struct Names {
     /// at-least-once (the default), `.at-most-once` or `.classic` otherwise; ladders share a
     /// tier queue only when its arguments are the same.
     pub tier_family: &'static str,
-    /// `N.L`: the fanout exchange consumers publish or dead-letter their failures to; bound to
-    /// `N.L.next`.
+    /// `N.L`: the headers exchange consumers publish or dead-letter their failures to. It routes
+    /// a repeat failure by its `retry-next` straight into its tier (or, `retry-next: intake` or
+    /// `probe`, to the intake or the probes queue), and what it does not route, first failures
+    /// above all, through its alternate exchange [`intake_exchange`](Names::intake_exchange).
+    pub exchange: String,
+    /// `N.L.intake`: the fanout exchange bound to the intake queue, `N.L`'s alternate exchange.
     pub intake_exchange: String,
-    /// `N.L.next`: a headers exchange routing a repeat failure by its `retry-next` header
-    /// straight into its tier (or, `retry-next: intake`, to the intake); the rest to `N.L.first`.
-    pub next_exchange: String,
-    /// `N.L.first`: the fanout exchange of what `N.L.next` does not route — first failures
-    /// above all — bound to `N.L.sort`.
-    pub first_exchange: String,
-    /// `N.L.sort`: the headers exchange that sends a first failure to `N.L.intake` when the
-    /// intake must take it (every one, unless the ladder has `first_failures = "direct"`; then
-    /// one that carries `retry-delay`, `x-delay`, `delay-until`, a `retry-attempt` or a
-    /// `retry-next` no tier took), and every other through its alternate exchange, `N.L.wait`,
-    /// into its first wait.
-    pub sort_exchange: String,
-    /// `N.L.wait`: the fanout exchange of the first failures `N.L.sort` does not send to the
-    /// intake, bound to the queue where they wait the ladder's first step
-    /// ([`Names::wait_queue`]).
-    pub wait_exchange: String,
     /// `N.L.intake`: the queue the service consumes failures from.
     pub intake_queue: String,
     /// `N.L.probes`: where a failed probe of the automatic hold comes back (`retry-next:
-    /// probe`, routed by `N.L.next`), served by the intake hop ahead of any backlog of the intake.
+    /// probe`, routed by `N.L`), served by the intake hop ahead of any backlog of the intake.
     pub probes: String,
-    /// `N.L.tiers`: the direct exchange routing by tier name.
-    pub tiers_exchange: String,
-    /// `N.L.due`: the fanout exchange and the queue of expired messages.
+    /// `N.L.due`: the queue of messages whose wait is over, which `N.due` routes to.
     pub due: String,
     /// `N.L.parked`: the parking-lot stream.
     pub parked: String,
@@ -78,18 +64,14 @@ impl Names {
             tier_family: "",
             intake_queue: format!("{base}.intake"),
             probes: format!("{base}.probes"),
-            next_exchange: format!("{base}.next"),
-            first_exchange: format!("{base}.first"),
-            sort_exchange: format!("{base}.sort"),
-            wait_exchange: format!("{base}.wait"),
-            tiers_exchange: format!("{base}.tiers"),
+            intake_exchange: format!("{base}.intake"),
             due: format!("{base}.due"),
             parked: format!("{base}.parked"),
             quarantine: format!("{base}.quarantine"),
             operator_lock: format!("{base}.operator-lock"),
             cancels: format!("{base}.cancels"),
             holds: format!("{base}.holds"),
-            intake_exchange: base,
+            exchange: base,
         }
     }
 
@@ -107,7 +89,7 @@ impl Names {
     /// bytes and ends in `~` and a 64-bit FNV-1a hash of the whole destination (stable across
     /// versions and replicas: it is part of the topology contract).
     pub fn held_queue(&self, destination: &str) -> String {
-        let name = format!("{}.held.{destination}", self.intake_exchange);
+        let name = format!("{}.held.{destination}", self.exchange);
         if name.len() <= MAX_HELD_NAME_BYTES {
             return name;
         }
@@ -118,7 +100,7 @@ impl Names {
         while !destination.is_char_boundary(keep) {
             keep -= 1;
         }
-        format!("{}.held.{}~{hash:016x}", self.intake_exchange, &destination[..keep])
+        format!("{}.held.{}~{hash:016x}", self.exchange, &destination[..keep])
     }
 
     /// `N.topology`: the namespace's topology stream, the record of everything its ladders
@@ -143,20 +125,7 @@ impl Names {
     /// ladder declared its own). Kept by a deployment that upgraded until it drains; `ladder
     /// prune` removes it then.
     pub fn own_tier_queue_named(&self, name: &str) -> String {
-        format!("{}.delay.{name}", self.intake_exchange)
-    }
-
-    /// `N.L.wait.<tier>` (with the ladder's [`tier_family`](Names::tier_family)): where a first
-    /// failure the broker routed past the intake waits the ladder's first step, `tier`. Its
-    /// `x-message-ttl` is the tier's; it dead-letters into `N.L.due` with the routing key
-    /// [`wait_key`], by which the due hop knows it for a first failure.
-    pub fn wait_queue(&self, tier: &Tier) -> String {
-        self.wait_queue_named(&tier.name)
-    }
-
-    /// `N.L.wait.<name>`, for a first wait known by its tier's name only.
-    pub fn wait_queue_named(&self, name: &str) -> String {
-        format!("{}.wait.{name}{}", self.intake_exchange, self.tier_family)
+        format!("{}.delay.{name}", self.exchange)
     }
 
     /// Every queue of the ladder with its role, the `queue` label of `ladder_queue_messages`:
@@ -169,9 +138,6 @@ impl Names {
             ("quarantine".to_string(), self.quarantine.clone()),
             ("stray".to_string(), self.stray.clone()),
         ];
-        if let Some(tier) = spec.first_route() {
-            queues.push((wait_role(&tier.name), self.wait_queue(tier)));
-        }
         queues.extend(
             spec.tiers
                 .iter()
@@ -184,32 +150,9 @@ impl Names {
     pub fn longest_name(&self, spec: &LadderSpec) -> String {
         let mut names = vec![self.intake_queue.clone(), self.parked.clone()];
         names.extend(spec.tiers.iter().map(|t| self.tier_queue(t)));
-        names.extend(spec.first_route().map(|t| self.wait_queue(t)));
         names.into_iter().max_by_key(String::len).unwrap_or_default()
     }
 }
-
-/// The routing key a first failure comes due with from its wait in `N.L.wait.<tier>` (the
-/// queue's `x-dead-letter-routing-key`): `wait.<tier>`. Nothing the service publishes into a
-/// tier carries it (their keys are tier names), so the due hop knows by it a first failure the
-/// broker routed past the intake, and how long it waited.
-pub fn wait_key(tier: &str) -> String {
-    wait_role(tier)
-}
-
-/// The tier a routing key made by [`wait_key`] names.
-pub fn waited_tier(routing_key: &[u8]) -> Option<&str> {
-    std::str::from_utf8(routing_key.strip_prefix(WAIT_KEY_PREFIX.as_bytes())?).ok()
-}
-
-/// `wait.<tier>`: the role of a wait queue (the `queue` label of `ladder_queue_messages`, and in
-/// the topology stream).
-pub fn wait_role(tier: &str) -> String {
-    format!("{WAIT_KEY_PREFIX}{tier}")
-}
-
-/// What [`wait_key`] and [`wait_role`] begin with.
-pub const WAIT_KEY_PREFIX: &str = "wait.";
 
 /// What the tier queues of a ladder of `queue_type` and `strategy` end in (see
 /// [`Names::tier_family`]).
@@ -287,40 +230,22 @@ mod tests {
     #[test]
     fn names_follow_the_contract() {
         let n = Names::new("ns", "orders");
-        assert_eq!(n.intake_exchange, "ns.orders");
+        assert_eq!(n.exchange, "ns.orders");
+        assert_eq!(n.intake_exchange, "ns.orders.intake");
         assert_eq!(n.intake_queue, "ns.orders.intake");
-        assert_eq!(n.tiers_exchange, "ns.orders.tiers");
         assert_eq!(n.due, "ns.orders.due");
         assert_eq!(n.parked, "ns.orders.parked");
-        assert_eq!(
-            (n.next_exchange.as_str(), n.first_exchange.as_str()),
-            ("ns.orders.next", "ns.orders.first")
-        );
         let long = Tier::new(Duration::from_millis(5_400_000));
         // tiers are the namespace's, named for their arguments; before, each ladder had its own
         assert_eq!(n.tier_queue(&long), "ns.delay.1h30m");
         assert_eq!(n.tier_queue_named("1h30m"), "ns.delay.1h30m");
         assert_eq!(n.own_tier_queue_named("1h30m"), "ns.orders.delay.1h30m");
-        assert_eq!(n.wait_queue_named("1h30m"), "ns.orders.wait.1h30m");
-        assert_eq!(wait_key("1h30m"), "wait.1h30m");
-        assert_eq!(waited_tier(wait_key("1h30m").as_bytes()), Some("1h30m"));
-        assert_eq!(waited_tier(b"1h30m"), None, "a tier's own key is no first wait's");
         assert_eq!((n.shared_due.as_str(), n.stray.as_str()), ("ns.due", "ns.stray"));
         let amo = Names::of("ns", &spec(QueueType::Quorum, DeadLetterStrategy::AtMostOnce));
         assert_eq!(amo.tier_queue(&long), "ns.delay.1h30m.at-most-once");
         let classic = Names::of("ns", &spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce));
         assert_eq!(classic.tier_queue(&long), "ns.delay.1h30m.classic");
-        assert_eq!(classic.wait_queue(&long), "ns.orders.wait.1h30m.classic");
-        // the first wait counts toward the 255-byte limit of a ladder's names
-        let mut direct = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
-        direct.first_failures = crate::model::ladder::FirstFailures::Direct;
-        let named = Names::of("ns", &direct);
-        assert_eq!(
-            named.longest_name(&direct),
-            named.wait_queue(direct.first_route().unwrap())
-        );
-        let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
-        s.first_failures = crate::model::ladder::FirstFailures::Direct;
+        let s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         let queues = n.queues(&s);
         let roles: Vec<(&str, &str)> = queues.iter().map(|(r, q)| (r.as_str(), q.as_str())).collect();
         assert_eq!(
@@ -331,7 +256,6 @@ mod tests {
                 ("parked", "ns.orders.parked"),
                 ("quarantine", "ns.orders.quarantine"),
                 ("stray", "ns.stray"),
-                ("wait.10s", "ns.orders.wait.10s"),
                 ("delay.10s", "ns.delay.10s"),
                 ("delay.1h", "ns.delay.1h"),
             ]

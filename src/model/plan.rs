@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 use crate::model::names::Names;
-use crate::model::protocol::header::{self, NEXT_INTAKE, NEXT_PROBE, RETRY_ATTEMPT, RETRY_LADDER, RETRY_NEXT};
+use crate::model::protocol::header::{NEXT_INTAKE, NEXT_PROBE, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,17 +52,19 @@ pub enum Declaration {
         to_exchange: bool,
     },
     /// A binding an earlier Ladder declared that this one removes: `exchange` to the queue
-    /// `queue` with `key` and `args`. Removing one that does not exist, or one whose queue
-    /// does not exist, is no error.
+    /// (or exchange, `to_exchange`) `queue` with `key` and `args`. Removing one that does not
+    /// exist, or one whose queue does not exist, is no error.
     Unbinding {
         /// Source exchange.
         exchange: String,
-        /// Destination queue.
+        /// Destination queue, or exchange when `to_exchange`.
         queue: String,
         /// Routing key.
         key: String,
         /// Binding arguments (a headers exchange's match).
         args: Vec<(&'static str, ArgValue)>,
+        /// The destination is an exchange.
+        to_exchange: bool,
     },
 }
 
@@ -119,8 +121,10 @@ impl fmt::Display for Declaration {
                 queue,
                 key,
                 args,
+                to_exchange,
             } => {
-                write!(f, "unbind   {exchange} -> {queue} key={key:?}")?;
+                let what = if *to_exchange { "exchange " } else { "" };
+                write!(f, "unbind   {exchange} -> {what}{queue} key={key:?}")?;
                 write_args(f, args)
             }
         }
@@ -259,31 +263,40 @@ pub fn topology_stream(namespace: &str) -> Declaration {
 /// only when a plan adds something.
 pub const TOPOLOGY_MAX_BYTES: i64 = 8 * 1024 * 1024;
 
-/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by tier
-/// name from `N.L.tiers`, by `retry-next` from `N.L.next`): what `ladder prune` removes before
-/// it looks a last time whether a retired tier is empty and deletes it. Unbinding one that does
-/// not exist is no error.
-pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str) -> Vec<Declaration> {
-    let queue = queue.to_string();
+/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by
+/// `retry-next` from `N.L`, or from `N.L.next` and by tier name from `N.L.tiers` on a ladder of
+/// an older layout): what `ladder prune` removes before it looks a last time whether a retired
+/// tier is empty and deletes it. Unbinding one that does not exist is no error.
+pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str, older: bool) -> Vec<Declaration> {
+    if !older {
+        return vec![route(&names.exchange, queue, ladder, tier)];
+    }
+    let old = crate::model::upgrade::OldNames::of(names);
     vec![
+        route(&old.next, queue, ladder, tier),
         Declaration::Binding {
-            exchange: names.tiers_exchange.clone(),
-            queue: queue.clone(),
+            exchange: old.tiers,
+            queue: queue.into(),
             key: tier.into(),
             args: Vec::new(),
-            to_exchange: false,
-        },
-        Declaration::Binding {
-            exchange: names.next_exchange.clone(),
-            queue,
-            key: String::new(),
-            args: next_match(ladder, tier),
             to_exchange: false,
         },
     ]
 }
 
-/// The match of a `N.L.next` binding: `retry-ladder` and `retry-next`.
+/// The binding of `exchange` (`N.L`) that routes a failure whose `retry-next` is `value` of
+/// `ladder` into `queue`.
+pub(crate) fn route(exchange: &str, queue: &str, ladder: &str, value: &str) -> Declaration {
+    Declaration::Binding {
+        exchange: exchange.into(),
+        queue: queue.into(),
+        key: String::new(),
+        args: next_match(ladder, value),
+        to_exchange: false,
+    }
+}
+
+/// The match of a routing binding of `N.L`: `retry-ladder` and `retry-next`.
 pub(crate) fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgValue)> {
     vec![
         ("x-match", ArgValue::Str("all".into())),
@@ -292,212 +305,158 @@ pub(crate) fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgVal
     ]
 }
 
-/// The declarations of one ladder.
+/// The declarations of one ladder (README "How a retry travels"): `N.L`, a headers exchange that
+/// routes a repeat failure by its `retry-next` straight into its tier and passes the rest to its
+/// alternate exchange `N.L.intake`, bound to the intake queue; the quarantine; the queues the
+/// hops consume; and the streams. Declared from the end back, so each alternate exchange exists
+/// before anything can fall into it.
 pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> Vec<Declaration> {
-    let exchange = |name: &str, kind| Declaration::Exchange {
-        name: name.into(),
-        kind,
-        args: Vec::new(),
-    };
-    let bind = |exchange: &str, queue: &str, key: &str| Declaration::Binding {
-        exchange: exchange.into(),
-        queue: queue.into(),
-        key: key.into(),
-        args: Vec::new(),
-        to_exchange: false,
-    };
-    // a headers exchange whose unmatched messages go on to `alternate`
-    let headers = |name: &str, alternate: &str| Declaration::Exchange {
-        name: name.into(),
-        kind: "headers",
-        args: vec![("alternate-exchange", ArgValue::Str(alternate.into()))],
-    };
-    let matching = |exchange: &str, queue: &str, args| Declaration::Binding {
+    let bind = |exchange: &str, queue: &str| Declaration::Binding {
         exchange: exchange.into(),
         queue: queue.into(),
         key: String::new(),
-        args,
+        args: Vec::new(),
         to_exchange: false,
     };
-    let queue_type = ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into()));
-    let quorum = spec.queue_type == QueueType::Quorum;
-    // intake and due dead-letter into the quarantine, after DELIVERY_LIMIT returns (quorum)
-    let netted = || {
-        let mut args = vec![
-            queue_type.clone(),
-            ("x-dead-letter-exchange", ArgValue::Str(names.quarantine.clone())),
-        ];
-        if quorum {
-            args.push(("x-delivery-limit", ArgValue::Int(DELIVERY_LIMIT)));
-        }
-        args
+    let fanout = |name: &str| Declaration::Exchange {
+        name: name.into(),
+        kind: "fanout",
+        args: Vec::new(),
     };
-    // the quarantine is the last stop: no delivery limit (4.x would impose 20)
-    let mut quarantine_args = vec![queue_type.clone()];
-    if quorum && version.quorum_delivery_limit_by_default() {
-        quarantine_args.push(("x-delivery-limit", ArgValue::Int(-1)));
-    }
-
-    // the shape of intake and due before they had the net; of the quarantine on 3.x
-    let type_only = Some(vec![queue_type.clone()]);
-    let quarantine_older = (quarantine_args.len() > 1).then(|| vec![queue_type.clone()]);
-
     let mut out = vec![
-        exchange(&names.quarantine, "fanout"),
-        Declaration::Queue {
-            name: names.quarantine.clone(),
-            args: quarantine_args,
-            older: quarantine_older,
-        },
-        bind(&names.quarantine, &names.quarantine, ""),
-        Declaration::Queue {
-            name: names.intake_queue.clone(),
-            args: netted(),
-            older: type_only.clone(),
-        },
-        Declaration::Queue {
-            name: names.probes.clone(),
-            args: netted(),
-            older: None,
-        },
-        exchange(&names.tiers_exchange, "direct"),
-        // the exchange every tier dead-lettered into before tiers were shared: kept, so what
-        // still waits in a ladder's own tiers comes due
-        exchange(&names.due, "fanout"),
-        Declaration::Queue {
-            name: names.due.clone(),
-            args: netted(),
-            older: type_only,
-        },
-        bind(&names.due, &names.due, ""),
+        fanout(&names.quarantine),
+        quarantine_queue(names, spec, version),
+        bind(&names.quarantine, &names.quarantine),
+        netted_queue(&names.intake_queue, names, spec, Some(vec![queue_type(spec)])),
+        netted_queue(&names.probes, names, spec, None),
+        netted_queue(&names.due, names, spec, Some(vec![queue_type(spec)])),
         // what expires in a shared tier comes due here when it is this ladder's
-        matching(
-            &names.shared_due,
-            &names.due,
-            vec![
+        Declaration::Binding {
+            exchange: names.shared_due.clone(),
+            queue: names.due.clone(),
+            key: String::new(),
+            args: vec![
                 ("x-match", ArgValue::Str("all".into())),
                 (RETRY_LADDER, ArgValue::Str(spec.name.clone())),
             ],
-        ),
+            to_exchange: false,
+        },
+        fanout(&names.intake_exchange),
+        bind(&names.intake_exchange, &names.intake_queue),
+        Declaration::Exchange {
+            name: names.exchange.clone(),
+            kind: "headers",
+            args: vec![("alternate-exchange", ArgValue::Str(names.intake_exchange.clone()))],
+        },
     ];
-    // the shared tier queues are declared by plan_shared; a ladder routes into them
-    for tier in &spec.tiers {
-        out.push(bind(&names.tiers_exchange, &names.tier_queue(tier), &tier.name));
+    out.extend(routes(names, spec, &names.exchange));
+    out.extend(streams(names, spec));
+    out
+}
+
+/// The bindings of `exchange` (`N.L`, or on a deployment upgraded from an older layout the
+/// headers exchange behind it) that route a repeat failure past the intake: into the tier of
+/// each step (none for a jittered ladder, whose intake draws every delay), to the intake
+/// (`retry-next: intake`, a last attempt) and to the probes queue.
+pub fn routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declaration> {
+    let mut out = Vec::new();
+    if spec.spread().is_none() {
+        out.extend(
+            spec.steps
+                .iter()
+                .map(|tier| route(exchange, &names.tier_queue(tier), &spec.name, &tier.name)),
+        );
     }
-    // A failure's way in (README "How a retry travels"): N.L -> N.L.next, a headers exchange
-    // routing a repeat failure by its retry-next into its tier and passing what it does not
-    // match (first failures) on to N.L.first -> N.L.sort. Declared from the end back, so each
-    // alternate exchange exists before anything can fall into it.
-    // What N.L.next does not route — a first failure — goes on to N.L.sort, which sends to the
-    // intake what the intake must take (FIRST_FOR_INTAKE; everything, for a ladder without a
-    // first route) and the rest through its alternate N.L.wait into the first wait,
-    // N.L.wait.<tier>, which dead-letters into N.L.due: one enqueue and one hop fewer.
-    out.push(exchange(&names.wait_exchange, "fanout"));
-    if let Some(first) = spec.first_route() {
-        out.push(Declaration::Queue {
-            name: names.wait_queue(first),
-            args: wait_args(names, spec, first),
-            older: None,
-        });
-        out.push(bind(&names.wait_exchange, &names.wait_queue(first), ""));
+    out.push(route(exchange, &names.intake_queue, &spec.name, NEXT_INTAKE));
+    out.push(route(exchange, &names.probes, &spec.name, NEXT_PROBE));
+    out
+}
+
+/// The unbinds of the step routes of `exchange` when the ladder has `jitter`: a ladder that
+/// gained it since must not let a repeat failure skip the intake's draw. Nothing otherwise.
+pub fn retired_routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declaration> {
+    if spec.spread().is_none() {
+        return Vec::new();
     }
-    out.push(headers(&names.sort_exchange, &names.wait_exchange));
-    out.push(matching(&names.sort_exchange, &names.intake_queue, first_for_intake()));
-    let everything = matching(
-        &names.sort_exchange,
-        &names.intake_queue,
-        vec![("x-match", ArgValue::Str("all".into()))],
-    );
-    match (spec.first_route(), everything) {
-        // the wait is bound above before the intake stops taking every first failure
-        (
-            Some(_),
-            Declaration::Binding {
-                exchange,
-                queue,
-                key,
-                args,
-                ..
-            },
-        ) => out.push(Declaration::Unbinding {
-            exchange,
-            queue,
-            key,
-            args,
-        }),
-        (_, everything) => out.push(everything),
+    spec.steps
+        .iter()
+        .map(|tier| Declaration::Unbinding {
+            exchange: exchange.into(),
+            queue: names.tier_queue(tier),
+            key: String::new(),
+            args: next_match(&spec.name, &tier.name),
+            to_exchange: false,
+        })
+        .collect()
+}
+
+fn queue_type(spec: &LadderSpec) -> (&'static str, ArgValue) {
+    ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into()))
+}
+
+/// A queue a hop consumes: it dead-letters into the quarantine after [`DELIVERY_LIMIT`] returns
+/// (quorum). `older` is its shape before it had that net.
+fn netted_queue(
+    name: &str,
+    names: &Names,
+    spec: &LadderSpec,
+    older: Option<Vec<(&'static str, ArgValue)>>,
+) -> Declaration {
+    let mut args = vec![
+        queue_type(spec),
+        ("x-dead-letter-exchange", ArgValue::Str(names.quarantine.clone())),
+    ];
+    if spec.queue_type == QueueType::Quorum {
+        args.push(("x-delivery-limit", ArgValue::Int(DELIVERY_LIMIT)));
     }
-    out.push(exchange(&names.first_exchange, "fanout"));
-    out.push(Declaration::Binding {
-        exchange: names.first_exchange.clone(),
-        queue: names.sort_exchange.clone(),
-        key: String::new(),
-        args: Vec::new(),
-        to_exchange: true,
-    });
-    out.push(headers(&names.next_exchange, &names.first_exchange));
-    let next = |value: &str| next_match(&spec.name, value);
-    for tier in &spec.steps {
-        let route = matching(&names.next_exchange, &names.tier_queue(tier), next(&tier.name));
-        if spec.spread().is_none() {
-            out.push(route);
-        } else if let Declaration::Binding {
-            exchange,
-            queue,
-            key,
-            args,
-            ..
-        } = route
-        {
-            // a jittered ladder's repeat failures take the intake, which draws their delay: a
-            // route of before (the ladder had no jitter then), or a forged `retry-next`, must not
-            // skip the draw
-            out.push(Declaration::Unbinding {
-                exchange,
-                queue,
-                key,
-                args,
-            });
-        }
+    Declaration::Queue {
+        name: name.into(),
+        args,
+        older,
     }
-    out.push(matching(&names.next_exchange, &names.intake_queue, next(NEXT_INTAKE)));
-    out.push(matching(&names.next_exchange, &names.probes, next(NEXT_PROBE)));
-    out.push(exchange(&names.intake_exchange, "fanout"));
-    out.push(Declaration::Binding {
-        exchange: names.intake_exchange.clone(),
-        queue: names.next_exchange.clone(),
-        key: String::new(),
-        args: Vec::new(),
-        to_exchange: true,
-    });
-    out.push(Declaration::Queue {
+}
+
+/// The quarantine, the last stop: no delivery limit (4.x would impose 20), which 3.x declared
+/// without.
+fn quarantine_queue(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> Declaration {
+    let mut args = vec![queue_type(spec)];
+    if spec.queue_type == QueueType::Quorum && version.quorum_delivery_limit_by_default() {
+        args.push(("x-delivery-limit", ArgValue::Int(-1)));
+    }
+    let older = (args.len() > 1).then(|| vec![queue_type(spec)]);
+    Declaration::Queue {
+        name: names.quarantine.clone(),
+        args,
+        older,
+    }
+}
+
+/// The ladder's streams: the parking lot, the cancellations (only a ladder with delay levels
+/// schedules; they hold as long as anything can wait, 49 days) and the holds (kept by size: a
+/// hold lasts until it is resumed, and the followers' checkpoints keep every live one within).
+fn streams(names: &Names, spec: &LadderSpec) -> Vec<Declaration> {
+    let stream = ("x-queue-type", ArgValue::Str("stream".into()));
+    let mut out = vec![Declaration::Queue {
         name: names.parked.clone(),
-        args: vec![("x-queue-type", ArgValue::Str("stream".into()))],
+        args: vec![stream.clone()],
         older: None,
-    });
-    // cancellations of scheduled deliveries (only a ladder with delay levels schedules) hold for
-    // as long as anything can wait (49 days): the broker drops them after
+    }];
     if spec.exact_delays {
         out.push(Declaration::Queue {
             name: names.cancels.clone(),
-            args: vec![
-                ("x-queue-type", ArgValue::Str("stream".into())),
-                ("x-max-age", ArgValue::Str(CANCELS_MAX_AGE.into())),
-            ],
+            args: vec![stream.clone(), ("x-max-age", ArgValue::Str(CANCELS_MAX_AGE.into()))],
             older: None,
         });
     }
-    // destination holds: a hold lasts until it is resumed, however long, so the retention is by
-    // size, and the followers' checkpoints keep every live hold within it (model::holds)
     out.push(Declaration::Queue {
         name: names.holds.clone(),
         args: vec![
-            ("x-queue-type", ArgValue::Str("stream".into())),
+            stream.clone(),
             ("x-max-length-bytes", ArgValue::Int(HOLDS_MAX_BYTES)),
             ("x-stream-max-segment-size-bytes", ArgValue::Int(HOLDS_SEGMENT_BYTES)),
         ],
         // declared without a retention by earlier releases: kept, and the policy that adds it shown
-        older: Some(vec![("x-queue-type", ArgValue::Str("stream".into()))]),
+        older: Some(vec![stream]),
     });
     out
 }
@@ -525,73 +484,6 @@ fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str
         _ => {}
     }
     args
-}
-
-/// The headers whose presence sends a first failure to the intake rather than into its first
-/// wait (`N.L.sort`): a delay the consumer asks for (`retry-delay`: the intake parks one beyond
-/// 49 days at once and otherwise waits it exactly) or a scheduled delivery (`x-delay`,
-/// `delay-until`); and a message that was retried before (`retry-attempt`, or a `retry-next` no
-/// tier of the ladder took), whose step the intake counts. Not `x-death`: a dead-lettered first
-/// failure takes the first wait too (RabbitMQ 4.x keeps its deaths out of the headers a headers
-/// exchange matches, so it could not be told apart there), and the due hop reads its
-/// destination from `x-death`, which its channel decodes for what comes from the first wait.
-pub const FIRST_FOR_INTAKE: [&str; 5] = [
-    RETRY_NEXT,
-    RETRY_ATTEMPT,
-    header::RETRY_DELAY,
-    header::X_DELAY,
-    header::DELAY_UNTIL,
-];
-
-/// The `N.L.sort` → `N.L.intake` match: any of [`FIRST_FOR_INTAKE`], present with any value
-/// (`any-with-x`: a plain `any` ignores the headers that begin with `x-`; RabbitMQ 3.10 and
-/// later).
-fn first_for_intake() -> Vec<(&'static str, ArgValue)> {
-    let mut args = vec![("x-match", ArgValue::Str("any-with-x".into()))];
-    args.extend(FIRST_FOR_INTAKE.iter().map(|h| (*h, ArgValue::Void)));
-    args
-}
-
-/// The arguments of `N.L.wait.<tier>`: the ladder's queue shape, the first step's TTL, and
-/// dead-lettering into the ladder's own `N.L.due` with the key that tells the due hop it is a
-/// first failure and how long it waited ([`crate::model::names::wait_key`]).
-fn wait_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str, ArgValue)> {
-    let mut args = tier_args(names, spec, tier);
-    for (key, value) in &mut args {
-        if *key == "x-dead-letter-exchange" {
-            *value = ArgValue::Str(names.due.clone());
-        }
-    }
-    args.insert(
-        3,
-        (
-            "x-dead-letter-routing-key",
-            ArgValue::Str(crate::model::names::wait_key(&tier.name)),
-        ),
-    );
-    args
-}
-
-/// The unbindings of a ladder's first waits of before (`N.L.wait` → `N.L.wait.<tier>`, for each
-/// of `known` other than the one its config plans): `N.L.wait` is a fanout exchange, so a wait
-/// of before left bound would take a copy of every first failure. The supervisor passes the
-/// wait queues the topology stream knows for the ladder; they drain into `N.L.due` unbound.
-pub fn retired_waits<'k>(
-    names: &Names,
-    spec: &LadderSpec,
-    known: impl IntoIterator<Item = &'k str>,
-) -> Vec<Declaration> {
-    let planned = spec.first_route().map(|tier| names.wait_queue(tier));
-    known
-        .into_iter()
-        .filter(|queue| Some(*queue) != planned.as_deref())
-        .map(|queue| Declaration::Unbinding {
-            exchange: names.wait_exchange.clone(),
-            queue: queue.to_string(),
-            key: String::new(),
-            args: Vec::new(),
-        })
-        .collect()
 }
 
 /// The held queue of `destination` (`N.L.held.<destination>`), declared when the destination is
@@ -663,7 +555,6 @@ mod tests {
             "queue    ns.delay.10s durable x-queue-type=quorum x-message-ttl=10000 \
              x-dead-letter-exchange=ns.due x-dead-letter-strategy=at-least-once x-overflow=reject-publish"
         );
-        assert!(plan.contains(&"binding  ns.orders.tiers -> ns.delay.1h key=\"1h\"".to_string()));
         // what expires in a shared tier comes due in its own ladder; the rest is kept as stray
         for line in [
             "exchange ns.due type=headers durable alternate-exchange=ns.stray",
@@ -674,94 +565,33 @@ mod tests {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
         }
         assert!(plan.contains(&"queue    ns.orders.parked durable x-queue-type=stream".to_string()));
-        // a failure's way in: N.L -> N.L.next -> (N.L.first)
+        // a failure's way in: N.L routes a repeat failure, its alternate N.L.intake the rest
         for line in [
-            "exchange ns.orders type=fanout durable",
-            "binding  ns.orders -> exchange ns.orders.next key=\"\"",
-            "exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first",
-            "binding  ns.orders.next -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
-            "binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
-            "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
-            "binding  ns.orders.next -> ns.orders.probes key=\"\" x-match=all retry-ladder=orders retry-next=probe",
-            "exchange ns.orders.first type=fanout durable",
-            "binding  ns.orders.first -> exchange ns.orders.sort key=\"\"",
-            "exchange ns.orders.sort type=headers durable alternate-exchange=ns.orders.wait",
-            "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
-             retry-delay=* x-delay=* delay-until=*",
-            // first_failures = "intake" (the default): the sort sends every one to the intake
-            "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=all",
-            "exchange ns.orders.wait type=fanout durable",
+            "exchange ns.orders.intake type=fanout durable",
+            "binding  ns.orders.intake -> ns.orders.intake key=\"\"",
+            "exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake",
+            "binding  ns.orders -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
+            "binding  ns.orders -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
+            "binding  ns.orders -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
+            "binding  ns.orders -> ns.orders.probes key=\"\" x-match=all retry-ladder=orders retry-next=probe",
         ] {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
         }
         let at = |line: &str| plan.iter().position(|l| l == line).unwrap();
-        // an alternate exchange exists before anything can fall into it
+        // an alternate exchange is bound before anything can fall into it
         assert!(
-            at("exchange ns.orders.first type=fanout durable")
-                < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
+            at("binding  ns.orders.intake -> ns.orders.intake key=\"\"")
+                < at("exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake")
         );
-        // the sort is bound, and it and its alternate exist, before anything can reach them
-        assert!(
-            at("binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=all")
-                < at("binding  ns.orders.first -> exchange ns.orders.sort key=\"\"")
-        );
-        assert!(
-            !plan.iter().any(|l| l.contains("ns.orders.wait.")),
-            "no first wait: {plan:#?}"
-        );
-        assert!(
-            at("exchange ns.orders.wait type=fanout durable")
-                < at("exchange ns.orders.sort type=headers durable alternate-exchange=ns.orders.wait")
-        );
-        assert!(plan.contains(&"binding  ns.orders.due -> ns.orders.due key=\"\"".to_string()));
-    }
-
-    #[test]
-    fn a_direct_ladder_routes_first_failures_into_its_first_wait() {
-        let mut s = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
-        s.first_failures = crate::model::ladder::FirstFailures::Direct;
-        let plan: Vec<String> = plan("ns", std::slice::from_ref(&s), BrokerVersion::LATEST)
+        // three exchanges per ladder, and nothing of an older layout
+        let exchanges: Vec<&String> = plan
             .iter()
-            .map(|d| d.to_string())
+            .filter(|l| l.starts_with("exchange ns.orders"))
             .collect();
-        for line in [
-            "exchange ns.orders.wait type=fanout durable",
-            "queue    ns.orders.wait.10s durable x-queue-type=quorum x-message-ttl=10000 \
-             x-dead-letter-exchange=ns.orders.due x-dead-letter-routing-key=wait.10s \
-             x-dead-letter-strategy=at-least-once x-overflow=reject-publish",
-            "binding  ns.orders.wait -> ns.orders.wait.10s key=\"\"",
-            "binding  ns.orders.sort -> ns.orders.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* \
-             retry-delay=* x-delay=* delay-until=*",
-            "unbind   ns.orders.sort -> ns.orders.intake key=\"\" x-match=all",
-        ] {
-            assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
+        assert_eq!(exchanges.len(), 3, "{exchanges:#?}");
+        for old in [".next", ".first", ".sort", ".wait", ".tiers", "unbind", "ns.orders.due type"] {
+            assert!(!plan.iter().any(|l| l.contains(old)), "{old}: {plan:#?}");
         }
-        let at = |line: &str| plan.iter().position(|l| l == line).unwrap();
-        // the first wait is bound before the intake stops taking every first failure
-        assert!(
-            at("binding  ns.orders.wait -> ns.orders.wait.10s key=\"\"")
-                < at("unbind   ns.orders.sort -> ns.orders.intake key=\"\" x-match=all")
-        );
-        // the family's suffix, as the tiers'
-        let mut classic = spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce);
-        classic.first_failures = crate::model::ladder::FirstFailures::Direct;
-        let lines: Vec<String> = super::plan("ns", std::slice::from_ref(&classic), BrokerVersion::LATEST)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("queue    ns.orders.wait.10s.classic durable x-queue-type=classic")),
-            "{lines:#?}"
-        );
-        // retired first waits are unbound, the planned one never
-        let names = Names::of("ns", &s);
-        let unbind: Vec<String> = retired_waits(&names, &s, ["ns.orders.wait.10s", "ns.orders.wait.5s"])
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
-        assert_eq!(unbind, ["unbind   ns.orders.wait -> ns.orders.wait.5s key=\"\""]);
     }
 
     #[test]
@@ -784,12 +614,6 @@ mod tests {
         let added: Vec<&String> = two.iter().filter(|q| !one.contains(q)).collect();
         // intake, probes, due, quarantine, parked, cancels, holds: no tier and no level again
         assert_eq!(added.len(), 7, "{added:?}");
-        // and, with first_failures = "direct", its first wait
-        let mut direct = b.clone();
-        direct.first_failures = crate::model::ladder::FirstFailures::Direct;
-        let with_wait = queues(&[a.clone(), direct]);
-        assert_eq!(with_wait.len(), two.len() + 1, "{with_wait:?}");
-        assert!(with_wait.contains(&"ns.b.wait.10s".to_string()));
         assert!(added.iter().all(|q| q.starts_with("ns.b.")), "{added:?}");
         let unique: std::collections::BTreeSet<&String> = two.iter().collect();
         assert_eq!(unique.len(), two.len(), "each queue is declared once");
@@ -810,20 +634,19 @@ mod tests {
         let plain = spec(QueueType::Quorum, DeadLetterStrategy::AtLeastOnce);
         assert_eq!(plain.next_route(1).map(|t| t.name.as_str()), Some("1h"));
         assert_eq!(plain.next_route(3), None, "its next failure would exhaust the ladder");
-        // and N.L.next routes none of its steps: a route of before, or a forged retry-next,
-        // falls through to the intake, which draws
+        // and N.L routes none of its steps: a forged retry-next falls through to the intake,
+        // which draws
         let lines: Vec<String> = plan_ladder(&Names::of("ns", &s), &s, BrokerVersion::LATEST)
             .iter()
             .map(|d| d.to_string())
             .collect();
         for tier in ["10s", "1h"] {
             let route =
-                format!("ns.orders.next -> ns.delay.{tier} key=\"\" x-match=all retry-ladder=orders retry-next={tier}");
-            assert!(!lines.contains(&format!("binding  {route}")), "{lines:#?}");
-            assert!(lines.contains(&format!("unbind   {route}")), "{lines:#?}");
+                format!("ns.orders -> ns.delay.{tier} key=\"\" x-match=all retry-ladder=orders retry-next={tier}");
+            assert!(!lines.iter().any(|l| l.contains(&route)), "{lines:#?}");
         }
         assert!(lines.contains(
-            &"binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake"
+            &"binding  ns.orders -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake"
                 .to_string()
         ));
     }

@@ -1,26 +1,34 @@
 //! Moving a ladder that an earlier release declared to today's layout: the one place that
 //! knows the layouts of before. A new install runs none of it; [`plan`] is today's layout only.
 //!
-//! The layouts of before, all without a layout in the topology stream:
+//! Today (layout 3) `N.L` is a headers exchange that routes a repeat failure into its tier and
+//! passes the rest to its alternate exchange `N.L.intake`. Every release before declared `N.L`
+//! as a fanout exchange, and RabbitMQ cannot change an exchange's type, so a ladder of before
+//! keeps a forwarding layer for good: `N.L` (fanout) → `N.L.next` (headers, carrying today's
+//! routes) → its alternate `N.L.first` → the intake. The layouts of before:
 //! - 903c5df and earlier, before the topology stream: `N.L` bound straight to `N.L.intake`, and
-//!   each ladder's own tiers `N.L.delay.<tier>` bound to `N.L.tiers`;
-//! - the releases between, up to a2d534d, which recorded what they declared but no layout: on
-//!   the way to today's they bound `N.L.next` to a ladder's own tiers and `N.L.first` straight
-//!   to the intake.
+//!   each ladder's own tiers `N.L.delay.<tier>` bound to `N.L.tiers`, dead-lettering into the
+//!   fanout exchange `N.L.due`;
+//! - the releases up to a2d534d, which recorded what they declared: `N.L.next` bound to a
+//!   ladder's own tiers, later `N.L.first` → `N.L.sort` → the intake or a first wait
+//!   `N.L.wait.<tier>` (`first_failures = "direct"`), which dead-letters into `N.L.due` with
+//!   the routing key `wait.<tier>`.
 //!
-//! Moving on is unbinding those ways in, after today's are bound (so a failure published in
-//! between reaches both, a duplicate, never neither). What waited in the old tiers still comes
-//! due through `N.L.due`, and `ladder prune` deletes the tiers once they are empty.
+//! Moving on is binding the forwarding layer, then unbinding the ways in of before (so a
+//! failure published in between reaches both, a duplicate, never neither). While a replica of
+//! before still runs, `N.L.tiers` stays bound to the shared tiers it publishes into. What waited
+//! in the old tiers and first waits still comes due through `N.L.due`, and `ladder prune`
+//! deletes them once they are empty.
 //!
 //! [`plan`]: crate::model::plan::plan
 
 use crate::model::drift::Registry;
 use crate::model::ladder::LadderSpec;
 use crate::model::names::Names;
-use crate::model::plan::{self, Declaration};
+use crate::model::plan::{self, ArgValue, BrokerVersion, Declaration};
 
 /// Today's layout, recorded with each record of the topology stream.
-pub const LAYOUT: u32 = 2;
+pub const LAYOUT: u32 = 3;
 
 /// How a ladder was declared before this start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,19 +38,49 @@ pub enum Before {
     /// By a release before the topology stream (903c5df): its own tiers of before are not
     /// recorded yet.
     Unrecorded,
-    /// In an older layout the stream records.
+    /// By a release whose `N.L` is a fanout exchange, which the stream records: the ladder
+    /// keeps its forwarding layer.
     Older,
     /// In today's layout.
     Current,
+}
+
+/// The exchanges of the layouts of before, which only a ladder of before has.
+pub struct OldNames {
+    /// `N.L.next`: the headers exchange behind a fanout `N.L`, carrying the routes.
+    pub next: String,
+    /// `N.L.first`: `N.L.next`'s alternate exchange, bound to the intake.
+    pub first: String,
+    /// `N.L.sort`: what `N.L.first` was bound to before layout 3.
+    pub sort: String,
+    /// `N.L.tiers`: the direct exchange a replica of before publishes into a tier through.
+    pub tiers: String,
+    /// `N.L.due`: the fanout exchange own tiers and first waits of before dead-letter into.
+    pub due: String,
+}
+
+impl OldNames {
+    /// The old exchanges of the ladder `names` are for.
+    pub fn of(names: &Names) -> OldNames {
+        let base = &names.exchange;
+        OldNames {
+            next: format!("{base}.next"),
+            first: format!("{base}.first"),
+            sort: format!("{base}.sort"),
+            tiers: format!("{base}.tiers"),
+            due: format!("{base}.due"),
+        }
+    }
 }
 
 impl Before {
     /// From what the topology stream says (`None`: it could not be read), and whether the
     /// ladder's intake queue exists, asked only when the stream does not know the ladder.
     ///
-    /// A ladder whose own tiers of before are still recorded (not pruned yet) stays older: a
-    /// replica of 903c5df that restarts during a rolling deploy binds its ways in again, and
-    /// the next start of this release removes them.
+    /// A ladder the stream knows with `N.L.next` stays older for good (its `N.L` is a fanout),
+    /// and so does one whose own tiers of before are still recorded: a replica of before that
+    /// restarts during a rolling deploy binds its ways in again, and the next start of this
+    /// release removes them.
     pub async fn of(
         registry: Option<&Registry>,
         names: &Names,
@@ -60,43 +98,147 @@ impl Before {
             .tiers
             .iter()
             .any(|tier| registry.knows_queue(&names.own_tier_queue_named(&tier.name)));
+        let forwarded = forwards(registry, names);
         match registry.layout() {
-            Some(LAYOUT) if !old_tiers => Before::Current,
+            Some(LAYOUT) if !old_tiers && !forwarded => Before::Current,
             _ => Before::Older,
         }
     }
+
+    /// [`Before::Older`] when `older`, else [`Before::Nothing`]: what declares the objects of a
+    /// ladder, without the unbinds that depend on the rest.
+    pub fn from_older(older: bool) -> Before {
+        if older { Before::Older } else { Before::Nothing }
+    }
+
+    /// Whether the ladder's `N.L` is a fanout exchange of before.
+    pub fn is_older(self) -> bool {
+        matches!(self, Before::Older | Before::Unrecorded)
+    }
 }
 
-/// What moves ladder `spec` from `before` to today's layout: nothing unless it is older.
-pub fn steps(names: &Names, spec: &LadderSpec, before: Before) -> Vec<Declaration> {
-    if matches!(before, Before::Nothing | Before::Current) {
-        return Vec::new();
+/// Whether the stream knows the ladder `names` are for with the forwarding layer of before.
+pub fn forwards(registry: &Registry, names: &Names) -> bool {
+    registry.knows_exchange(&OldNames::of(names).next)
+}
+
+/// What ladder `spec` declares, `before` as it was: today's plan for a new or current ladder;
+/// for one of before, today's plan behind its forwarding layer, then the unbinds of its ways
+/// in of before.
+pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion, before: Before) -> Vec<Declaration> {
+    let today = plan::plan_ladder(names, spec, version);
+    match before {
+        Before::Nothing => return today,
+        Before::Current => return [today, plan::retired_routes(names, spec, &names.exchange)].concat(),
+        Before::Older | Before::Unrecorded => {}
     }
-    let unbind = |exchange: &str, queue: &str, key: &str, args| Declaration::Unbinding {
+    let old = OldNames::of(names);
+    let mut out = Vec::new();
+    for declaration in today {
+        match declaration {
+            Declaration::Exchange { ref name, .. } if *name == names.exchange => {
+                out.extend(forwarding(names, spec, &old));
+            }
+            Declaration::Exchange { ref name, .. } if *name == names.intake_exchange => {}
+            Declaration::Binding { ref exchange, .. } if *exchange == names.intake_exchange => {}
+            Declaration::Binding {
+                exchange,
+                queue,
+                key,
+                args,
+                to_exchange,
+            } if exchange == names.exchange => out.push(Declaration::Binding {
+                exchange: old.next.clone(),
+                queue,
+                key,
+                args,
+                to_exchange,
+            }),
+            other => out.push(other),
+        }
+    }
+    out.extend(plan::retired_routes(names, spec, &old.next));
+    out.extend(steps(names, spec, &old));
+    out
+}
+
+fn exchange(name: &str, kind: &'static str, alternate: Option<&str>) -> Declaration {
+    Declaration::Exchange {
+        name: name.into(),
+        kind,
+        args: alternate
+            .map(|a| vec![("alternate-exchange", ArgValue::Str(a.into()))])
+            .unwrap_or_default(),
+    }
+}
+
+fn bind(exchange: &str, to: &str, key: &str, to_exchange: bool) -> Declaration {
+    Declaration::Binding {
+        exchange: exchange.into(),
+        queue: to.into(),
+        key: key.into(),
+        args: Vec::new(),
+        to_exchange,
+    }
+}
+
+/// The forwarding layer of a fanout `N.L`, each alternate exchange bound before anything can
+/// fall into it; and, for a replica of before still running, `N.L.tiers` to the shared tiers
+/// and `N.L.due` to the due queue.
+fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declaration> {
+    let mut out = vec![exchange(&old.tiers, "direct", None)];
+    out.extend(
+        spec.tiers
+            .iter()
+            .map(|tier| bind(&old.tiers, &names.tier_queue(tier), &tier.name, false)),
+    );
+    out.extend([
+        exchange(&old.due, "fanout", None),
+        bind(&old.due, &names.due, "", false),
+        exchange(&old.first, "fanout", None),
+        bind(&old.first, &names.intake_queue, "", false),
+        exchange(&old.next, "headers", Some(&old.first)),
+        exchange(&names.exchange, "fanout", None),
+        bind(&names.exchange, &old.next, "", true),
+    ]);
+    out
+}
+
+/// The unbinds that move a ladder of before onto its forwarding layer: its own tiers (by tier
+/// name from `N.L.tiers`, by `retry-next` from `N.L.next`), `N.L` straight to the intake
+/// (903c5df) and `N.L.first` to `N.L.sort` (up to a2d534d).
+fn steps(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declaration> {
+    let unbind = |exchange: &str, queue: &str, key: &str, args, to_exchange| Declaration::Unbinding {
         exchange: exchange.into(),
         queue: queue.into(),
         key: key.into(),
         args,
+        to_exchange,
     };
     let mut out = Vec::new();
-    // the ladder's own tiers: by tier name from N.L.tiers, by retry-next from N.L.next
     for tier in &spec.tiers {
         let own = names.own_tier_queue_named(&tier.name);
-        out.push(unbind(&names.tiers_exchange, &own, &tier.name, Vec::new()));
+        out.push(unbind(&old.tiers, &own, &tier.name, Vec::new(), false));
     }
     for tier in &spec.steps {
         let own = names.own_tier_queue_named(&tier.name);
-        out.push(unbind(
-            &names.next_exchange,
-            &own,
-            "",
-            plan::next_match(&spec.name, &tier.name),
-        ));
+        out.push(unbind(&old.next, &own, "", plan::next_match(&spec.name, &tier.name), false));
     }
-    // the ways straight into the intake, from before N.L.sort and before N.L.next
-    out.push(unbind(&names.first_exchange, &names.intake_queue, "", Vec::new()));
-    out.push(unbind(&names.intake_exchange, &names.intake_queue, "", Vec::new()));
+    out.push(unbind(&names.exchange, &names.intake_queue, "", Vec::new(), false));
+    out.push(unbind(&old.first, &old.sort, "", Vec::new(), true));
     out
+}
+
+/// The tier a first failure of an older ladder's first wait (`N.L.wait.<tier>`,
+/// `first_failures = "direct"`) waited, by the routing key it comes due with (`wait.<tier>`);
+/// nothing today puts a message into a tier with such a key.
+pub fn waited_tier(routing_key: &[u8]) -> Option<&str> {
+    std::str::from_utf8(routing_key.strip_prefix(b"wait.")?).ok()
+}
+
+/// `N.L.wait.<tier>` of the ladder `names` are for, with its tier family.
+pub fn wait_queue(names: &Names, tier: &str) -> String {
+    format!("{}.wait.{tier}{}", names.exchange, names.tier_family)
 }
 
 #[cfg(test)]
@@ -154,6 +296,23 @@ mod tests {
         let old_tier = names.own_tier_queue_named("1h");
         let draining = registry(Some(LAYOUT), &names, &[&old_tier]);
         assert_eq!(Before::of(Some(&draining), &names, &s, absent).await, Before::Older);
+        // recorded in today's layout, but with the forwarding layer of a fanout N.L: older for good
+        let mut forwarded = registry(Some(LAYOUT), &names, &[]);
+        forwarded.apply(&TopologyRecord::Declared {
+            at_ms: 2,
+            by: "test".into(),
+            objects: vec![Known {
+                name: OldNames::of(&names).next,
+                kind: crate::model::drift::Kind::Exchange,
+                ladder: "orders".into(),
+                role: "next".into(),
+                ttl_ms: None,
+                stream: false,
+            }],
+            layout: Some(LAYOUT),
+        });
+        assert!(forwards(&forwarded, &names));
+        assert_eq!(Before::of(Some(&forwarded), &names, &s, absent).await, Before::Older);
         // not in the stream: 903c5df declared it (it had no stream), or nobody did
         let empty = Registry::default();
         assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Unrecorded);
@@ -165,27 +324,64 @@ mod tests {
     }
 
     #[test]
-    fn only_an_older_ladder_is_moved_and_the_plan_has_no_step_of_before() {
+    fn an_older_ladder_keeps_its_fanout_entry_and_a_new_one_has_none_of_it() {
         let s = spec();
         let names = Names::of("ns", &s);
-        assert!(steps(&names, &s, Before::Nothing).is_empty());
-        assert!(steps(&names, &s, Before::Current).is_empty());
-        assert_eq!(steps(&names, &s, Before::Unrecorded), steps(&names, &s, Before::Older));
-        let lines: Vec<String> = steps(&names, &s, Before::Older).iter().map(|d| d.to_string()).collect();
+        let v = BrokerVersion::LATEST;
+        let today = plan::plan_ladder(&names, &s, v);
+        assert_eq!(plan_ladder(&names, &s, v, Before::Nothing), today);
+        assert_eq!(plan_ladder(&names, &s, v, Before::Current), today, "no jitter: nothing to unroute");
+        assert_eq!(
+            plan_ladder(&names, &s, v, Before::Unrecorded),
+            plan_ladder(&names, &s, v, Before::Older)
+        );
+        let lines: Vec<String> = plan_ladder(&names, &s, v, Before::Older)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
         for line in [
+            "exchange ns.orders.first type=fanout durable",
+            "binding  ns.orders.first -> ns.orders.intake key=\"\"",
+            "exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first",
+            "exchange ns.orders type=fanout durable",
+            "binding  ns.orders -> exchange ns.orders.next key=\"\"",
+            "binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
+            "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
+            "binding  ns.orders.tiers -> ns.delay.1h key=\"1h\"",
+            "binding  ns.orders.due -> ns.orders.due key=\"\"",
             "unbind   ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"",
             "unbind   ns.orders.next -> ns.orders.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
-            "unbind   ns.orders.first -> ns.orders.intake key=\"\"",
+            "unbind   ns.orders.first -> exchange ns.orders.sort key=\"\"",
             "unbind   ns.orders -> ns.orders.intake key=\"\"",
         ] {
             assert!(lines.contains(&line.to_string()), "{line}\n{lines:#?}");
         }
-        // one per tier (steps and delay levels), one per step, and the two ways into the intake
-        assert_eq!(lines.len(), s.tiers.len() + s.steps.len() + 2, "{lines:#?}");
-        let plan = plan::plan("ns", std::slice::from_ref(&s), BrokerVersion::LATEST);
+        let at = |line: &str| lines.iter().position(|l| l == line).unwrap();
+        // the new way in is bound before the old ones are removed, and each alternate first
+        assert!(at("binding  ns.orders.first -> ns.orders.intake key=\"\"") < at("unbind   ns.orders.first -> exchange ns.orders.sort key=\"\""));
+        assert!(
+            at("binding  ns.orders.first -> ns.orders.intake key=\"\"")
+                < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
+        );
+        // N.L is never declared headers over a fanout of before, nor its routes put on it
+        assert!(!lines.iter().any(|l| l.starts_with("exchange ns.orders type=headers")), "{lines:#?}");
+        assert!(!lines.iter().any(|l| l.starts_with("binding  ns.orders -> ns.")), "{lines:#?}");
+        // a new install unbinds nothing
+        let plan = plan::plan("ns", std::slice::from_ref(&s), v);
         assert!(
             !plan.iter().any(|d| matches!(d, Declaration::Unbinding { .. })),
             "a new install unbinds nothing: {plan:#?}"
         );
+        // a current ladder that gained jitter loses its step routes on N.L
+        let mut jittered = s.clone();
+        jittered.set_exact_delays(true);
+        jittered.jitter = Some(crate::model::ladder::Jitter { permille: 100 });
+        let lines: Vec<String> = plan_ladder(&names, &jittered, v, Before::Current)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert!(lines.contains(
+            &"unbind   ns.orders -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s".to_string()
+        ));
     }
 }

@@ -232,7 +232,7 @@ async fn service_killed_with_hundreds_in_flight_loses_nothing() {
             _ => failure(&deliver[i / 3 * 2 + i % 3], &orders, None),
         };
         let publish = ch
-            .basic_publish(&names.intake_exchange, "", true, &props, b"order")
+            .basic_publish(&names.exchange, "", true, &props, b"order")
             .unwrap();
         confirms.push(publish);
     }
@@ -358,8 +358,8 @@ async fn regression_deeply_nested_header_is_parked_not_a_crash() {
     let mut headers = bad.headers.clone().unwrap();
     headers.set("deep", deep);
     bad = bad.with_headers(headers);
-    publish(&ch, &names.intake_exchange, "", b"deep", bad.clone()).await;
-    publish(&ch, &names.intake_exchange, "", b"good", failure("good", &orders, None)).await;
+    publish(&ch, &names.exchange, "", b"deep", bad.clone()).await;
+    publish(&ch, &names.exchange, "", b"good", failure("good", &orders, None)).await;
 
     let mut delivered = consumer(&conn, &orders, FieldTable::default()).await;
     let d = next(&mut delivered).await;
@@ -413,7 +413,7 @@ async fn routed_failures_survive_a_kill(hint: &str, ladder: &str) {
     let orders = format!("{}-dl-orders", t.ns());
     t.queues.push(orders.clone());
     let mut args = FieldTable::default();
-    args.set("x-dead-letter-exchange", text(&names.intake_exchange));
+    args.set("x-dead-letter-exchange", text(&names.exchange));
     let durable = ladder_amqp::QueueOptions {
         durable: true,
         ..Default::default()

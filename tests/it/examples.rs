@@ -460,7 +460,7 @@ impl Run {
         command
             .args(&argv[1..])
             .arg(mode.to_string())
-            .args(["--queue", &self.queue, "--exchange", &self.names.intake_exchange])
+            .args(["--queue", &self.queue, "--exchange", &self.names.exchange])
             .args(["--prefetch", "10", "--fail-always"]);
         self.spawn_example(command);
     }
@@ -618,7 +618,7 @@ async fn example_retries_then_parks(lang: Lang, mode: Mode) {
     let queue = run.queue.clone();
     run.wait_consumed(&conn, &queue, "the example").await;
 
-    let id = format!("{}-m1", run.names.intake_exchange);
+    let id = format!("{}-m1", run.names.exchange);
     let mut headers = FieldTable::default();
     headers.set("tenant", FieldValue::string("acme"));
     let sent = BasicProperties::default()
@@ -703,7 +703,7 @@ async fn example_retries_then_parks(lang: Lang, mode: Mode) {
     // parked, so never delivered again: the example prints nothing before markers sent through
     // each step of [`LADDER`] (max_attempts 2), behind anything the ladder could still hold (see
     // common/markers.rs)
-    let markers = mark_through_ladder(&channel, &run.names.intake_exchange, &TIERS, 2, &queue).await;
+    let markers = mark_through_ladder(&channel, &run.names.exchange, &TIERS, 2, &queue).await;
     let mut missing: Vec<&String> = markers.ids().iter().collect();
     while !missing.is_empty() {
         let line = run.next_line().await;
@@ -790,7 +790,7 @@ async fn example_schedules(lang: Lang) {
     let mut example = Command::new(&argv[0]);
     example
         .args(&argv[1..])
-        .args(["--queue", &run.queue, "--exchange", &run.names.intake_exchange])
+        .args(["--queue", &run.queue, "--exchange", &run.names.exchange])
         .env("AMQP_URL", amqp_url());
     let log_name = format!("{lang}-schedule");
     let (status, out) = tokio::task::spawn_blocking(move || run_bounded(&mut example, SCHEDULE_RUN, &log_name))

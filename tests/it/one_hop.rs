@@ -202,10 +202,10 @@ async fn an_existing_ladder_moves_to_the_new_way_in_without_loss_or_duplicates()
     let names = Names::new(&t.ns, &t.ladder);
     // what the previous release declared and bound for the intake
     t.channel
-        .exchange_declare(&names.intake_exchange, "fanout", true, FieldTable::default())
+        .exchange_declare(&names.exchange, "fanout", true, FieldTable::default())
         .await
         .unwrap();
-    t.track_exchange(&names.intake_exchange);
+    t.track_exchange(&names.exchange);
     let mut intake_args = FieldTable::default();
     intake_args.set("x-queue-type", text("quorum"));
     intake_args.set("x-dead-letter-exchange", text(&names.quarantine));
@@ -223,7 +223,7 @@ async fn an_existing_ladder_moves_to_the_new_way_in_without_loss_or_duplicates()
         .unwrap();
     t.track_queue(&names.intake_queue);
     t.channel
-        .queue_bind(&names.intake_queue, &names.intake_exchange, "", FieldTable::default())
+        .queue_bind(&names.intake_queue, &names.exchange, "", FieldTable::default())
         .await
         .unwrap();
     // a retry the previous release scheduled, waiting in the queue that is about to become
@@ -237,14 +237,14 @@ async fn an_existing_ladder_moves_to_the_new_way_in_without_loss_or_duplicates()
     old.set("retry-due-at", FieldValue::LongLongInt(now_ms() as i64));
     let old_props = BasicProperties::default().with_delivery_mode(2).with_headers(old);
     // an old retry still in the intake, as the old binding put it there
-    t.publish(&names.intake_exchange, "", b"old-intake", retry_props(&orders, None))
+    t.publish(&names.exchange, "", b"old-intake", retry_props(&orders, None))
         .await;
 
     t.start_service().await;
     // a retry the old due hop would have received: published into N.L.due as the old tiers did
     t.publish(&names.due, "", b"old-due", old_props).await;
     // a new failure, published after the move: taken in once
-    t.publish(&names.intake_exchange, "", b"new", retry_props(&orders, None))
+    t.publish(&names.exchange, "", b"new", retry_props(&orders, None))
         .await;
 
     let mut consumer = t.consume(&orders).await;
@@ -296,7 +296,7 @@ async fn a_first_failure_waits_its_first_step_past_the_intake() {
     // counted once the due hop settled it, which can be just after the delivery
     wait_until("it entered the ladder at the due hop", || entered(&t) == 1).await;
     assert_eq!(
-        queue_depth(&t.client, &format!("{}.wait.300ms", names.intake_exchange)).await,
+        queue_depth(&t.client, &format!("{}.wait.300ms", names.exchange)).await,
         0,
         "the first wait is empty again"
     );

@@ -82,16 +82,17 @@ impl<'a> HopContext<'a> {
             let mut out = FieldTable::with_capacity(1);
             out.push(ShortString::from_static(header::RETRY_TIER), long_string(&tier.name));
             let (properties, carry) = carrying(props, Some(out), &[header::RETRY_TIER]);
+            let (exchange, routing_key, kind) = self.into_tier(tier);
             return Decision::Forward(Box::new(Forward {
-                exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
-                routing_key: Cow::Borrowed(tier.name.as_str()),
+                exchange,
+                routing_key,
                 properties,
                 carry: Some(carry),
                 destination: target.into_key(),
                 attempt: attempts.unwrap_or(0),
                 late_ms: 0,
                 due_at_ms: due,
-                kind: ForwardKind::Wait,
+                kind,
                 failure: false,
             }));
         }
@@ -137,19 +138,19 @@ impl<'a> HopContext<'a> {
     /// - a repeat failure carries `retry-next`, which the service writes only on what it
     ///   delivers (never on a wait it schedules), and by which `N.L.next` routed it into that
     ///   tier;
-    /// - a first failure comes due from its first wait, `N.L.wait.<tier>`, with the routing key
-    ///   that queue dead-letters with (`wait.<tier>`, [`crate::model::names::wait_key`]); a key
-    ///   the service never gives what it puts into a tier (tier names).
+    /// - a first failure of an older ladder comes due from its first wait, `N.L.wait.<tier>`,
+    ///   with the routing key that queue dead-letters with (`wait.<tier>`,
+    ///   [`crate::model::upgrade::waited_tier`]).
     ///
     /// `skip` is 1 when its newest `x-death` entry is that wait's (the due hop's channel decodes
     /// `x-death` where the ladder lists `senders`, and on every delivery with a `wait.` key).
     pub fn routed_failure(&self, props: &BasicProperties, routing_key: &[u8]) -> Option<RoutedFailure> {
         let h = props.headers.as_ref();
         let Some(next) = h.and_then(|h| h.get(header::RETRY_NEXT)) else {
-            let tier = crate::model::names::waited_tier(routing_key)?;
-            let queue = self.names.wait_queue_named(tier);
+            let tier = crate::model::upgrade::waited_tier(routing_key)?;
+            let queue = crate::model::upgrade::wait_queue(self.names, tier);
             let newest = h.and_then(newest_death_queue);
-            let own = format!("{}.wait.", self.names.intake_exchange);
+            let own = format!("{}.wait.", self.names.exchange);
             return Some(RoutedFailure {
                 waited_ms: self.tier_ms(tier),
                 skip: usize::from(newest.is_some_and(|q| q.starts_with(&own))),
@@ -228,7 +229,7 @@ impl<'a> HopContext<'a> {
             if let Some(own) = forward.properties.headers.as_mut() {
                 own.set(header::RETRY_TIER, long_string(&tier.name));
             }
-            forward.routing_key = Cow::Borrowed(tier.name.as_str());
+            (forward.exchange, forward.routing_key, forward.kind) = self.into_tier(tier);
             return Decision::Forward(forward);
         }
         // already due: out to its destination, as any retry is delivered
@@ -269,9 +270,10 @@ impl<'a> HopContext<'a> {
         out.set(header::RETRY_TIER, long_string(&tier.name));
         let due_at_ms = now_ms.saturating_add(tier.ttl_ms());
         out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
+        let (exchange, routing_key, kind) = self.into_tier(tier);
         Forward {
-            exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
-            routing_key: Cow::Borrowed(tier.name.as_str()),
+            exchange,
+            routing_key,
             properties: republished_properties(props, out),
             carry: None,
             destination: h
@@ -282,7 +284,7 @@ impl<'a> HopContext<'a> {
             attempt: optional_u64(h, header::RETRY_ATTEMPT).ok().flatten().unwrap_or(0),
             late_ms: 0,
             due_at_ms,
-            kind: ForwardKind::Wait,
+            kind,
             failure: false,
         }
     }

@@ -176,16 +176,17 @@ impl<'a> HopContext<'a> {
             appended_history(h.get(header::RETRY_HISTORY), attempt, &step, now_ms),
         );
         let (properties, carry) = carrying(props, Some(out), except);
+        let (exchange, routing_key, kind) = self.into_tier(tier);
         Decision::Forward(Box::new(Forward {
-            exchange: Cow::Borrowed(self.names.tiers_exchange.as_str()),
-            routing_key: Cow::Borrowed(tier.name.as_str()),
+            exchange,
+            routing_key,
             properties,
             carry: Some(carry),
             destination,
             attempt,
             late_ms: 0,
             due_at_ms,
-            kind: ForwardKind::Wait,
+            kind,
             failure: false,
         }))
     }
@@ -273,16 +274,17 @@ impl<'a> HopContext<'a> {
             );
         }
         let remaining = due_at.saturating_sub(now_ms);
-        let (exchange, routing_key) = if remaining == 0 {
+        let (exchange, routing_key, kind) = if remaining == 0 {
             // due already: through the due queue, which delivers it at once
-            (Cow::Borrowed(self.names.due.as_str()), Cow::Borrowed(""))
+            (
+                Cow::Borrowed(""),
+                Cow::Borrowed(self.names.due.as_str()),
+                ForwardKind::Wait { tier: "" },
+            )
         } else {
             let tier = self.spec.next_wait(Duration::from_millis(remaining));
             out.set(header::RETRY_TIER, long_string(&tier.name));
-            (
-                Cow::Borrowed(self.names.tiers_exchange.as_str()),
-                Cow::Borrowed(tier.name.as_str()),
-            )
+            self.into_tier(tier)
         };
         Decision::Forward(Box::new(Forward {
             exchange,
@@ -293,7 +295,7 @@ impl<'a> HopContext<'a> {
             attempt: 0,
             late_ms: 0,
             due_at_ms: due_at,
-            kind: ForwardKind::Wait,
+            kind,
             failure: false,
         }))
     }

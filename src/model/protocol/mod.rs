@@ -253,10 +253,10 @@ pub struct Park {
 /// A decision to republish.
 #[derive(Debug, Clone)]
 pub struct Forward<'a> {
-    /// Exchange to publish to (`""` for the default exchange); the ladder's own names are
-    /// borrowed from its [`HopContext`].
+    /// Exchange to publish to (`""` for the default exchange, by which every wait and every
+    /// delivery to a queue goes).
     pub exchange: Cow<'a, str>,
-    /// Routing key: the tier name on intake, the destination queue on due.
+    /// Routing key: the tier queue on a wait, the destination queue on a delivery.
     pub routing_key: Cow<'a, str>,
     /// Properties to publish with (persistent, no `expiration` or `user_id`, broker headers
     /// stripped). With [`carry`](Self::carry), its headers are only those the forward writes
@@ -278,7 +278,7 @@ pub struct Forward<'a> {
     /// delivery.
     pub due_at_ms: u64,
     /// Into a tier to wait, or out to its destination.
-    pub kind: ForwardKind,
+    pub kind: ForwardKind<'a>,
     /// Due hop: a failure the broker routed past the intake by its `retry-next`, taken in here as the intake would have: it entered the
     /// ladder at this hop, and a deferral starts from what this forward publishes, not from
     /// what was received.
@@ -352,11 +352,25 @@ impl Forward<'_> {
 
 /// Where a [`Forward`] goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForwardKind {
-    /// Into a tier (or straight to the due queue) to wait; not a delivery.
-    Wait,
+pub enum ForwardKind<'a> {
+    /// Into the tier named `tier` (or, `tier` empty, straight to the due queue) to wait; not a
+    /// delivery.
+    Wait {
+        /// The tier's name, the `tier` label of the metrics.
+        tier: &'a str,
+    },
     /// Out to the destination queue or exchange.
     Deliver,
+}
+
+impl<'a> ForwardKind<'a> {
+    /// The tier of a wait; `None` for a delivery.
+    pub fn tier(self) -> Option<&'a str> {
+        match self {
+            ForwardKind::Wait { tier } => Some(tier),
+            ForwardKind::Deliver => None,
+        }
+    }
 }
 
 /// What the service knows of one delivery besides its properties: when it arrived, the routing
@@ -435,6 +449,18 @@ pub struct HopContext<'a> {
     pub names: &'a Names,
     /// Bounds.
     pub limits: &'a Limits,
+}
+
+impl<'a> HopContext<'a> {
+    /// Where a wait in `tier` is published: the default exchange, the tier queue's name, and
+    /// the kind that names the tier.
+    fn into_tier(&self, tier: &'a crate::model::ladder::Tier) -> (Cow<'a, str>, Cow<'a, str>, ForwardKind<'a>) {
+        (
+            Cow::Borrowed(""),
+            Cow::Owned(self.names.tier_queue(tier)),
+            ForwardKind::Wait { tier: &tier.name },
+        )
+    }
 }
 
 mod codec;

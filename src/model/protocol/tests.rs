@@ -105,8 +105,8 @@ fn first_failure_is_scheduled_in_the_first_tier() {
         ..props(&[("retry-to", long_string("orders")), ("app", FieldValue::LongInt(7))])
     };
     let out = forward(f.ctx().intake(&input, NOW));
-    assert_eq!(out.exchange, "ns.default.tiers");
-    assert_eq!(out.routing_key, "200ms");
+    assert_eq!(out.exchange, "");
+    assert_eq!(out.kind.tier().unwrap(), "200ms");
     assert_eq!(out.attempt, 1);
     let p = &out.properties;
     assert_eq!(header(p, "retry-attempt"), Some(&FieldValue::LongLongInt(1)));
@@ -138,7 +138,7 @@ fn attempts_climb_the_ladder_and_keep_first_failure_time() {
         ("retry-first-failed-at", FieldValue::LongLongInt(42)),
     ]);
     let out = forward(f.ctx().intake(&input, NOW));
-    assert_eq!(out.routing_key, "500ms");
+    assert_eq!(out.kind.tier().unwrap(), "500ms");
     assert_eq!(
         header(&out.properties, "retry-attempt"),
         Some(&FieldValue::LongLongInt(2))
@@ -209,7 +209,7 @@ fn retry_delay_lengthens_the_wait_exactly_and_is_consumed() {
         let input = props(&[("retry-to", long_string("orders")), ("retry-delay", value.clone())]);
         let out = forward(f.ctx().intake(&input, NOW));
         // 400 ms exactly: the 256 ms level first, the rest on the way back
-        assert_eq!(out.routing_key, "256ms", "{value:?}");
+        assert_eq!(out.kind.tier().unwrap(), "256ms", "{value:?}");
         assert_eq!(
             header(&out.properties, "retry-due-at"),
             Some(&FieldValue::LongLongInt(NOW as i64 + 400))
@@ -222,7 +222,7 @@ fn retry_delay_lengthens_the_wait_exactly_and_is_consumed() {
         header(&out.properties, "retry-due-at"),
         Some(&FieldValue::LongLongInt(NOW as i64 + 3_600_000))
     );
-    assert_eq!(out.routing_key, "34m57s152ms");
+    assert_eq!(out.kind.tier().unwrap(), "34m57s152ms");
     // without exact delays: the first step at least that long, as before
     let mut off = fixture();
     off.spec.set_exact_delays(false);
@@ -230,7 +230,7 @@ fn retry_delay_lengthens_the_wait_exactly_and_is_consumed() {
         ("retry-to", long_string("orders")),
         ("retry-delay", FieldValue::LongInt(400)),
     ]);
-    assert_eq!(forward(off.ctx().intake(&input, NOW)).routing_key, "500ms");
+    assert_eq!(forward(off.ctx().intake(&input, NOW)).kind.tier(), Some("500ms"));
 }
 
 /// A retry's exact wait is composed on the way back: the due hop sends what is not yet due
@@ -243,10 +243,10 @@ fn the_due_hop_waits_again_until_due_then_delivers() {
         ("retry-delay", FieldValue::LongInt(400)),
     ]);
     let first = forward(f.ctx().intake(&input, NOW));
-    assert_eq!(first.kind, ForwardKind::Wait);
+    assert_eq!(first.kind.tier(), Some("256ms"));
     let mut at = NOW + 256 + 3;
     let mut props_now = first.properties;
-    let mut hops = vec![first.routing_key];
+    let mut hops = vec![first.kind.tier().unwrap()];
     loop {
         let out = forward(f.ctx().due(&props_now, at));
         if out.kind == ForwardKind::Deliver {
@@ -260,15 +260,15 @@ fn the_due_hop_waits_again_until_due_then_delivers() {
             assert_eq!(out.attempt, 1);
             break;
         }
-        assert_eq!(out.exchange, "ns.default.tiers");
+        assert_eq!(out.exchange, "");
         assert_eq!(
             header(&out.properties, "retry-attempt"),
             Some(&FieldValue::LongLongInt(1)),
             "no attempt"
         );
-        let tier = f.spec.tiers.iter().find(|t| t.name == out.routing_key).unwrap();
+        let tier = f.spec.tiers.iter().find(|t| t.name == out.kind.tier().unwrap()).unwrap();
         at += tier.ttl_ms() + 3;
-        hops.push(out.routing_key);
+        hops.push(out.kind.tier().unwrap());
         props_now = out.properties;
         assert!(hops.len() < 10, "{hops:?}");
     }
@@ -367,8 +367,8 @@ fn x_delay_schedules_one_delivery_without_an_attempt() {
         ("x-delay", FieldValue::LongInt(5_000)),
     ]);
     let out = forward(f.ctx().intake(&input, NOW));
-    assert_eq!((out.kind, out.attempt), (ForwardKind::Wait, 0));
-    assert_eq!(out.routing_key, "4s96ms");
+    assert_eq!((out.kind.tier().is_some(), out.attempt), (true, 0));
+    assert_eq!(out.kind.tier().unwrap(), "4s96ms");
     let p = &out.properties;
     assert_eq!(
         header(p, "retry-due-at"),
@@ -398,15 +398,15 @@ fn delay_until_in_the_past_goes_out_at_once_and_absurd_delays_park() {
     ]);
     let out = forward(f.ctx().intake(&input, NOW));
     assert_eq!(
-        (&*out.exchange, &*out.routing_key),
-        ("ns.default.due", ""),
+        (&*out.exchange, &*out.routing_key, out.kind.tier()),
+        ("", "ns.default.due", Some("")),
         "straight to the due queue"
     );
     let negative = scheduled(&[
         ("retry-to", long_string("orders")),
         ("x-delay", FieldValue::LongInt(-5)),
     ]);
-    assert_eq!(forward(f.ctx().intake(&negative, NOW)).exchange, "ns.default.due");
+    assert_eq!(forward(f.ctx().intake(&negative, NOW)).routing_key, "ns.default.due");
     for (key, value, why) in [
         ("x-delay", long_string("soon"), "integer"),
         ("x-delay", FieldValue::LongLongInt(50 * 86_400_000), "longest"),
@@ -1000,7 +1000,7 @@ fn a_deferred_message_waits_again_without_an_attempt_and_longer_for_each_refusal
     let mut tiers = vec![];
     for n in 1..=4 {
         let out = f.ctx().defer(&props, DeferReason::Refused, NOW);
-        assert_eq!(out.exchange, "ns.default.tiers");
+        assert_eq!(out.exchange, "");
         assert_eq!((out.attempt, out.destination.as_str()), (2, "orders"));
         assert_eq!(
             header(&out.properties, "retry-attempt"),
@@ -1011,18 +1011,18 @@ fn a_deferred_message_waits_again_without_an_attempt_and_longer_for_each_refusal
             Some(&FieldValue::LongLongInt(n))
         );
         assert_eq!(header(&out.properties, "x-death"), None);
-        let tier = f.spec.tiers.iter().find(|t| t.name == out.routing_key).unwrap();
+        let tier = f.spec.tiers.iter().find(|t| t.name == out.kind.tier().unwrap()).unwrap();
         assert_eq!(
             header(&out.properties, "retry-due-at"),
             Some(&FieldValue::LongLongInt((NOW + tier.ttl_ms()) as i64))
         );
-        tiers.push(out.routing_key.clone());
+        tiers.push(out.kind.tier().unwrap().to_string());
         props = out.properties;
     }
     assert_eq!(tiers, ["200ms", "500ms", "1s", "1s"]);
     // busy: always the shortest tier
     let out = f.ctx().defer(&props, DeferReason::Busy, NOW);
-    assert_eq!(out.routing_key, "200ms");
+    assert_eq!(out.kind.tier().unwrap(), "200ms");
     // the next failure is a new attempt: the deferrals start again
     let next = forward(f.ctx().intake(&props, NOW));
     assert_eq!(header(&next.properties, "retry-deferrals"), None);
@@ -1156,7 +1156,7 @@ fn a_returned_first_failure_is_parked_with_when_it_first_failed() {
     assert_eq!(park.attempts, Some(0), "no retry was made");
     assert_eq!(park.destination.as_deref(), Some("orders"));
     assert!(
-        park.detail.contains("312 NO_ROUTE") && park.detail.contains("ns.default.tiers"),
+        park.detail.contains("312 NO_ROUTE") && park.detail.contains("ns.delay.200ms"),
         "{}",
         park.detail
     );
@@ -1299,8 +1299,8 @@ fn a_forged_route_gets_every_check_a_first_failure_gets() {
         NOW,
     ));
     assert_eq!(
-        (short.kind, &*short.routing_key, short.due_at_ms),
-        (ForwardKind::Wait, "256ms", NOW + 300)
+        (short.kind.tier(), short.due_at_ms),
+        (Some("256ms"), NOW + 300)
     );
     assert!(short.failure);
     assert!(
@@ -1361,7 +1361,7 @@ fn a_routed_failure_asking_a_longer_delay_waits_the_rest_never_less() {
         ("retry-delay", FieldValue::LongInt(700)),
     ]);
     let out = forward(f.ctx().due(&back, NOW));
-    assert_eq!((out.kind, &*out.routing_key), (ForwardKind::Wait, "1s"));
+    assert_eq!(out.kind.tier(), Some("1s"));
     assert_eq!(
         out.due_at_ms,
         NOW - 200 + 1_000,
@@ -1370,9 +1370,9 @@ fn a_routed_failure_asking_a_longer_delay_waits_the_rest_never_less() {
     // with levels: exactly the rest, composed
     let f = fixture();
     let out = forward(f.ctx().due(&back, NOW));
-    assert_eq!((out.kind, out.due_at_ms), (ForwardKind::Wait, NOW - 200 + 700));
+    assert_eq!((out.kind.tier().is_some(), out.due_at_ms), (true, NOW - 200 + 700));
     assert_eq!(
-        &*out.routing_key, "500ms",
+        out.kind.tier().unwrap(), "500ms",
         "the longest tier within the 500 ms left (a step)"
     );
 }
@@ -1389,8 +1389,8 @@ fn a_routed_failure_that_asks_for_a_scheduled_delivery_gets_the_intakes_schedule
     ]);
     let out = forward(f.ctx().due(&back, NOW));
     assert_eq!(
-        (out.kind, out.attempt),
-        (ForwardKind::Wait, 0),
+        (out.kind.tier().is_some(), out.attempt),
+        (true, 0),
         "no attempt: a scheduled delivery"
     );
     assert_eq!(
@@ -1398,7 +1398,7 @@ fn a_routed_failure_that_asks_for_a_scheduled_delivery_gets_the_intakes_schedule
         NOW - 500 + 2_000,
         "counted from when it was published back"
     );
-    assert_eq!(out.exchange, "ns.default.tiers");
+    assert_eq!(out.exchange, "");
     assert_eq!(
         header(&out.properties, "retry-scheduled"),
         Some(&FieldValue::Boolean(true))
@@ -1418,8 +1418,8 @@ fn a_scheduled_wait_drops_retry_next_and_comes_due_as_a_delivery() {
     ]);
     let wait = forward(f.ctx().intake(&back, NOW));
     assert_eq!(
-        (wait.kind, wait.attempt),
-        (ForwardKind::Wait, 0),
+        (wait.kind.tier().is_some(), wait.attempt),
+        (true, 0),
         "a scheduled delivery"
     );
     assert_eq!(

@@ -45,7 +45,7 @@ impl Run {
             .current_dir(examples_dir().join("celery"))
             .env("AMQP_URL", amqp_url())
             .env("CELERY_QUEUE", &self.queue)
-            .env("LADDER_EXCHANGE", &self.names.intake_exchange)
+            .env("LADDER_EXCHANGE", &self.names.exchange)
             .env("PYTHONDONTWRITEBYTECODE", "1");
         command
     }
