@@ -84,10 +84,7 @@ fn shortfall_settle(amqp: &AmqpConfig) -> Duration {
 }
 
 /// The queue roles whose ready messages count as waiting in the ladder: the tiers, `due` and
-/// `quarantine` (what it holds is parked by the service). Not a first wait (`wait.<tier>`,
-/// `first_failures = "direct"`): it holds only first failures the service has not seen yet,
-/// which enter the ladder when they come due; counted as waiting, they would be a surplus
-/// that an anchor taken while they wait turns into a false loss once they enter.
+/// `quarantine` (what it holds is parked by the service).
 fn is_waiting_role(role: &str) -> bool {
     role == "due" || role == "quarantine" || role == "held" || role.starts_with("delay.")
 }

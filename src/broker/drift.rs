@@ -384,7 +384,7 @@ pub async fn prune(
             PruneStep::Delete(r) => r,
         };
         let inflows = match (r.ladder_retired, r.role.strip_prefix("delay.")) {
-            // a ladder's first wait of before (its first step changed): N.L.wait led into it
+            // a first wait of an older ladder (`model::upgrade`): N.L.wait led into it
             (false, None) if r.role.starts_with(RETIRED_WAIT) => {
                 let names = Names::new(&config.namespace, &r.ladder);
                 vec![Declaration::Binding {

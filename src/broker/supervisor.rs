@@ -261,7 +261,7 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
     let mut pause = Duration::from_millis(500);
     loop {
         let connection = connect(&config.amqp).await?;
-        // the first waits of before are read from the topology stream (see `declare`)
+        // how each ladder was declared before is read from the topology stream (see `declare`)
         let known = tokio::time::timeout(
             MIGRATED_READ,
             crate::broker::drift::read(&connection, &config.namespace),
@@ -387,8 +387,8 @@ async fn declare(
                 .unwrap_or(true)
         };
         let before = upgrade::Before::of(known, &names, spec, exists).await;
-        if before.is_older() {
-            info!(ladder = %spec.name, layout = upgrade::LAYOUT, "a ladder declared by an earlier release: its N.L forwards to N.L.next");
+        if before.moves() {
+            info!(ladder = %spec.name, layout = upgrade::LAYOUT, "moving a ladder declared by an earlier release to today's layout, behind N.L.next");
         }
         if before == upgrade::Before::Unrecorded {
             unrecorded.push(spec.name.clone());
@@ -744,9 +744,11 @@ async fn session(
                     let (ladders, connection, stop, state) =
                         (ladders.to_vec(), connection.clone(), follow_stop.clone(), state.clone());
                     let (stall_timeout, shutdown) = (config.amqp.stall_timeout, shutdown.clone());
+                    // the namespace's, whatever its ladders; none to watch without a ladder
+                    let heartbeat = (!ladders.is_empty()).then(|| Names::new(&config.namespace, "").watchdog);
                     followers.spawn(
                         async move {
-                            crate::broker::watchdog::watch(&connection, &ladders, &state.health, stall_timeout, &stop, &shutdown)
+                            crate::broker::watchdog::watch(&connection, heartbeat.as_deref(), &ladders, &state.health, stall_timeout, &stop, &shutdown)
                                 .await
                         }
                         .instrument(info_span!("watchdog")),

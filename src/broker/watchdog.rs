@@ -16,9 +16,9 @@
 //!
 //! A node cut off from the rest of its cluster also answers those reads at once, from its own
 //! stale state (measured on 4.3: nothing ready, while the majority's new leaders held work for
-//! the ladder). So while a hop is quiet the watchdog also publishes a probe, at most every
-//! `PROBE_EVERY`, into the namespace's `N.watchdog` (a quorum queue that keeps one message):
-//! only a node that reaches a quorum confirms it. A probe not confirmed within
+//! the ladder). So while a hop is quiet the watchdog also publishes a heartbeat, at most every
+//! `HEARTBEAT_EVERY`, into the namespace's `N.watchdog` (a quorum queue that keeps one message):
+//! only a node that reaches a quorum confirms it. A heartbeat not confirmed within
 //! `amqp.stall_timeout` ends the session as well.
 //!
 //! While the broker blocks publishers (a resource alarm, `connection.blocked`), waiting is
@@ -39,10 +39,10 @@ use crate::model::progress::{Look, Progress};
 /// How often the watchdog looks.
 const TICK: Duration = Duration::from_millis(500);
 
-/// How often, at most, the watchdog publishes its probe while a hop is quiet: with
+/// How often, at most, the watchdog publishes its heartbeat while a hop is quiet: with
 /// `amqp.stall_timeout` (3 s by default) for its confirm, a node that cannot reach a quorum is
 /// left within about 4 s of the cut even when nothing is in flight. A busy ladder sends none.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// A hop whose publishes the broker refused (nacked, or returned) this recently is answered,
 /// not cut off: the relay retries a refused publish after up to 30 s, and another node would
@@ -53,6 +53,7 @@ const REFUSED_RECENTLY: Duration = Duration::from_secs(60);
 /// `Err` (the reason) when a hop stalled or the node stopped answering.
 pub async fn watch(
     connection: &Connection,
+    heartbeat_queue: Option<&str>,
     ladders: &[Arc<LadderRuntime>],
     health: &Health,
     stall_timeout: Duration,
@@ -65,8 +66,7 @@ pub async fn watch(
     let mut refusals: Vec<[(u64, Option<u64>); 3]> = ladders.iter().map(|_| Default::default()).collect();
     let mut reported: Option<String> = None;
     let mut channel: Option<Channel> = None;
-    let mut probed_at: Option<tokio::time::Instant> = None;
-    let probe_queue = ladders.first().map(|l| l.names.watchdog.clone());
+    let mut beat_at: Option<tokio::time::Instant> = None;
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'tick: loop {
@@ -92,18 +92,18 @@ pub async fn watch(
                 metrics.in_flight.get() == 0 && p.last_activity() == Some(activity_of(metrics))
             })
         });
-        if let Some(queue) = probe_queue.as_deref()
+        if let Some(queue) = heartbeat_queue
             && any_quiet
-            && probed_at.is_none_or(|at| at.elapsed() >= PROBE_EVERY)
+            && beat_at.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY)
         {
-            probed_at = Some(tokio::time::Instant::now());
-            if let Err(e) = probe(connection, &mut channel, queue, stall_timeout).await {
+            beat_at = Some(tokio::time::Instant::now());
+            if let Err(e) = heartbeat(connection, &mut channel, queue, stall_timeout).await {
                 if connection.is_blocked() {
-                    // an alarm came while the probe waited: its publish is held, not lost
+                    // an alarm came while the heartbeat waited: its publish is held, not lost
                     continue;
                 }
                 let reason = format!(
-                    "stalled: the node did not confirm a probe into {queue} within {}s: {e}",
+                    "stalled: the node did not confirm a heartbeat into {queue} within {}s: {e}",
                     stall_timeout.as_secs_f64()
                 );
                 warn!("{reason}; moving to another node");
@@ -213,9 +213,9 @@ async fn open<'c>(connection: &Connection, channel: &'c mut Option<Channel>) -> 
     channel.as_ref().ok_or_else(|| "no channel".to_string())
 }
 
-/// Publishes one probe into `queue` and waits for the broker's answer: `Ok` for any answer
+/// Publishes one heartbeat into `queue` and waits for the broker's answer: `Ok` for any answer
 /// (confirmed, refused or returned: the node spoke for its cluster), `Err` if none came in time.
-async fn probe(
+async fn heartbeat(
     connection: &Connection,
     channel: &mut Option<Channel>,
     queue: &str,

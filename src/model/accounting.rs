@@ -46,11 +46,9 @@
 //!   as missing. A delivery whose ack was lost comes back as a duplicate: a persistent *surplus*
 //!   (more found than counted) becomes the new anchor, so it cannot hide a later loss. Polls
 //!   while the service is not ready are skipped, the anchor kept.
-//! - A failure the broker routes straight into a wait (by its `retry-next`, through `N.L.next`)
+//! - A failure the broker routes straight into a wait (by its `retry-next`, through `N.L`)
 //!   enters the ladder when it comes due, at the due hop: until then it waits uncounted, a
-//!   surplus. (A first failure that waits its first step in `N.L.wait.<tier>`, with
-//!   `first_failures = "direct"`, is not counted as waiting at all: that queue holds nothing
-//!   else, so it enters and leaves in the same count.) So a surplus becomes the new anchor only on a poll that finds nothing waiting
+//!   surplus. So a surplus becomes the new anchor only on a poll that finds nothing waiting
 //!   (no uncounted failure can hide then); before, it is balanced. A duplicate made while
 //!   messages wait can therefore hide a loss of as many until the ladder is next empty; a loss
 //!   is never reported where there is none.

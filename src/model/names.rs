@@ -19,7 +19,7 @@ pub struct Names {
     /// tier): a quarantine, kept for the operator.
     pub stray: String,
     /// `N.watchdog`: the quorum queue (holding at most one message, consumed by nobody) the
-    /// session's watchdog publishes a probe into while the hops are quiet: a node that cannot
+    /// session's watchdog publishes a heartbeat into while the hops are quiet: a node that cannot
     /// reach a quorum confirms none, though it still answers reads from its own stale state.
     pub watchdog: String,
     /// What this ladder's tier queues' names end in: empty for quorum tiers that dead-letter

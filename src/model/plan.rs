@@ -264,8 +264,8 @@ pub fn topology_stream(namespace: &str) -> Declaration {
 pub const TOPOLOGY_MAX_BYTES: i64 = 8 * 1024 * 1024;
 
 /// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by
-/// `retry-next` from `N.L`, or from `N.L.next` and by tier name from `N.L.tiers` on a ladder of
-/// an older layout): what `ladder prune` removes before it looks a last time whether a retired
+/// `retry-next` from `N.L`; on a ladder of an older layout from `N.L.next`, and by tier name from
+/// `N.L.tiers`): what `ladder prune` removes before it looks a last time whether a retired
 /// tier is empty and deletes it. Unbinding one that does not exist is no error.
 pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str, older: bool) -> Vec<Declaration> {
     if !older {

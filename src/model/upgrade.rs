@@ -38,9 +38,11 @@ pub enum Before {
     /// By a release before the topology stream (903c5df): its own tiers of before are not
     /// recorded yet.
     Unrecorded,
-    /// By a release whose `N.L` is a fanout exchange, which the stream records: the ladder
-    /// keeps its forwarding layer.
+    /// By a release whose `N.L` is a fanout exchange, in a layout before today's (or with its
+    /// own tiers of before still recorded): moved to today's, behind a forwarding layer.
     Older,
+    /// Moved to today's layout behind the forwarding layer of its fanout `N.L`, which it keeps.
+    Forwarded,
     /// In today's layout.
     Current,
 }
@@ -77,10 +79,9 @@ impl Before {
     /// From what the topology stream says (`None`: it could not be read), and whether the
     /// ladder's intake queue exists, asked only when the stream does not know the ladder.
     ///
-    /// A ladder the stream knows with `N.L.next` stays older for good (its `N.L` is a fanout),
-    /// and so does one whose own tiers of before are still recorded: a replica of before that
-    /// restarts during a rolling deploy binds its ways in again, and the next start of this
-    /// release removes them.
+    /// A ladder the stream knows with `N.L.next` keeps its forwarding layer for good (its `N.L`
+    /// is a fanout), and every start unbinds the ways in of before again: a replica of before
+    /// that restarts during a rolling deploy binds them again.
     pub async fn of(
         registry: Option<&Registry>,
         names: &Names,
@@ -100,7 +101,9 @@ impl Before {
             .any(|tier| registry.knows_queue(&names.own_tier_queue_named(&tier.name)));
         let forwarded = forwards(registry, names);
         match registry.layout() {
-            Some(LAYOUT) if !old_tiers && !forwarded => Before::Current,
+            Some(LAYOUT) if old_tiers => Before::Older,
+            Some(LAYOUT) if forwarded => Before::Forwarded,
+            Some(LAYOUT) => Before::Current,
             _ => Before::Older,
         }
     }
@@ -113,6 +116,11 @@ impl Before {
 
     /// Whether the ladder's `N.L` is a fanout exchange of before.
     pub fn is_older(self) -> bool {
+        matches!(self, Before::Older | Before::Unrecorded | Before::Forwarded)
+    }
+
+    /// Whether this start moves the ladder off a layout of before.
+    pub fn moves(self) -> bool {
         matches!(self, Before::Older | Before::Unrecorded)
     }
 }
@@ -130,7 +138,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion, bef
     match before {
         Before::Nothing => return today,
         Before::Current => return [today, plan::retired_routes(names, spec, &names.exchange)].concat(),
-        Before::Older | Before::Unrecorded => {}
+        Before::Older | Before::Unrecorded | Before::Forwarded => {}
     }
     let old = OldNames::of(names);
     let mut out = Vec::new();
@@ -312,7 +320,7 @@ mod tests {
             layout: Some(LAYOUT),
         });
         assert!(forwards(&forwarded, &names));
-        assert_eq!(Before::of(Some(&forwarded), &names, &s, absent).await, Before::Older);
+        assert_eq!(Before::of(Some(&forwarded), &names, &s, absent).await, Before::Forwarded);
         // not in the stream: 903c5df declared it (it had no stream), or nobody did
         let empty = Registry::default();
         assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Unrecorded);
@@ -331,10 +339,9 @@ mod tests {
         let today = plan::plan_ladder(&names, &s, v);
         assert_eq!(plan_ladder(&names, &s, v, Before::Nothing), today);
         assert_eq!(plan_ladder(&names, &s, v, Before::Current), today, "no jitter: nothing to unroute");
-        assert_eq!(
-            plan_ladder(&names, &s, v, Before::Unrecorded),
-            plan_ladder(&names, &s, v, Before::Older)
-        );
+        for before in [Before::Unrecorded, Before::Forwarded] {
+            assert_eq!(plan_ladder(&names, &s, v, before), plan_ladder(&names, &s, v, Before::Older));
+        }
         let lines: Vec<String> = plan_ladder(&names, &s, v, Before::Older)
             .iter()
             .map(|d| d.to_string())

@@ -453,8 +453,8 @@ async fn bad_input_on_the_due_hop_is_parked() {
     let props = BasicProperties::default()
         .with_message_id("bypass-1")
         .with_headers(headers);
-    let tiers = format!("{}.default.tiers", t.ns);
-    t.publish(&tiers, "200ms", b"bypassed intake", props).await;
+    let tier = format!("{}.delay.200ms", t.ns);
+    t.publish("", &tier, b"bypassed intake", props).await;
 
     let parked = t.parked(1).await.remove(0);
     assert_eq!(parked.reason, "no-destination", "{}", parked.detail);

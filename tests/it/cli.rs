@@ -202,31 +202,17 @@ fn contract(ns: &str) -> Vec<String> {
         format!(
             "queue    {n}.probes durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
         ),
-        format!("exchange {n}.tiers type=direct durable"),
-        format!("exchange {n}.due type=fanout durable"),
         format!(
             "queue    {n}.due durable x-queue-type=quorum x-dead-letter-exchange={n}.quarantine x-delivery-limit=100"
         ),
-        format!("binding  {n}.due -> {n}.due key=\"\""),
         format!("binding  {ns}.due -> {n}.due key=\"\" x-match=all retry-ladder=default"),
-        format!("binding  {n}.tiers -> {ns}.delay.200ms key=\"200ms\""),
-        format!("binding  {n}.tiers -> {ns}.delay.500ms key=\"500ms\""),
-        format!("exchange {n}.wait type=fanout durable"),
-        format!("exchange {n}.sort type=headers durable alternate-exchange={n}.wait"),
-        format!(
-            "binding  {n}.sort -> {n}.intake key=\"\" x-match=any-with-x retry-next=* retry-attempt=* retry-delay=* \
-             x-delay=* delay-until=*"
-        ),
-        format!("binding  {n}.sort -> {n}.intake key=\"\" x-match=all"),
-        format!("exchange {n}.first type=fanout durable"),
-        format!("binding  {n}.first -> exchange {n}.sort key=\"\""),
-        format!("exchange {n}.next type=headers durable alternate-exchange={n}.first"),
-        format!("binding  {n}.next -> {ns}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
-        format!("binding  {n}.next -> {ns}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
-        format!("binding  {n}.next -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
-        format!("binding  {n}.next -> {n}.probes key=\"\" x-match=all retry-ladder=default retry-next=probe"),
-        format!("exchange {n} type=fanout durable"),
-        format!("binding  {n} -> exchange {n}.next key=\"\""),
+        format!("exchange {n}.intake type=fanout durable"),
+        format!("binding  {n}.intake -> {n}.intake key=\"\""),
+        format!("exchange {n} type=headers durable alternate-exchange={n}.intake"),
+        format!("binding  {n} -> {ns}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
+        format!("binding  {n} -> {ns}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
+        format!("binding  {n} -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
+        format!("binding  {n} -> {n}.probes key=\"\" x-match=all retry-ladder=default retry-next=probe"),
         format!("queue    {n}.parked durable x-queue-type=stream"),
         format!(
             "queue    {n}.holds durable x-queue-type=stream x-max-length-bytes=8388608 \
@@ -312,8 +298,9 @@ async fn apply_declares_the_topology_on_the_broker() {
 }
 
 /// A new install records today's layout and unbinds nothing. A ladder of 903c5df (its intake
-/// there, no topology stream, `N.L` bound straight to the intake) is moved to today's layout,
-/// and a failure then enters the intake once, not twice; the next apply finds it current.
+/// there, no topology stream, `N.L` a fanout bound straight to the intake) is moved to today's
+/// layout behind `N.L.next`, and a failure then enters the intake once, not twice; the next
+/// apply finds it moved.
 #[tokio::test]
 async fn apply_moves_only_a_ladder_of_an_older_layout() {
     const MOVING: &str = "moving a ladder declared by an earlier release";
@@ -333,9 +320,11 @@ async fn apply_moves_only_a_ladder_of_an_older_layout() {
     assert!(!stderr(&fresh).contains(MOVING), "{}", stderr(&fresh));
     assert_eq!(layout().await, Some(ladder::model::upgrade::LAYOUT));
 
-    // as 903c5df left it: no stream, and N.L bound straight to the intake
+    // as 903c5df left it: no stream, and N.L a fanout bound straight to the intake
     let ch = conn.create_channel().await.unwrap();
     ch.queue_delete(&format!("{ns}.topology")).await.unwrap();
+    ch.exchange_delete(&n).await.unwrap();
+    ch.exchange_declare(&n, "fanout", true, FieldTable::default()).await.unwrap();
     ch.queue_bind(&format!("{n}.intake"), &n, "", FieldTable::default())
         .await
         .unwrap();

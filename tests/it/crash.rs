@@ -394,15 +394,6 @@ async fn repeat_failures_routed_past_the_intake_survive_a_kill() {
     routed_failures_survive_a_kill("crash-routed", LADDER).await;
 }
 
-/// The same with `first_failures = "direct"`: the first failures too wait past the intake (in
-/// `N.L.wait.<step>`) while the service is killed and started again, and the due hop takes them
-/// in; none is lost or counted twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_failures_past_the_intake_survive_a_kill() {
-    let direct = format!("{LADDER}first_failures = \"direct\"\n");
-    routed_failures_survive_a_kill("crash-direct", &direct).await;
-}
-
 /// 300 messages in dead-letter mode, each rejected twice, with the service killed (SIGKILL) and
 /// started again once a tenth reached their last retry.
 async fn routed_failures_survive_a_kill(hint: &str, ladder: &str) {
@@ -436,8 +427,7 @@ async fn routed_failures_survive_a_kill(hint: &str, ladder: &str) {
     assert!(confirmed.iter().all(|c| *c == Confirmation::Ack));
 
     // the consumer fails the original and the first retry, and takes the second (the last the
-    // ladder allows): attempt 1 comes through the intake (past it, with first_failures =
-    // "direct"), attempt 2 is routed past it
+    // ladder allows): attempt 1 comes through the intake, attempt 2 is routed past it
     let mut destination = consumer(&conn, &orders, FieldTable::default()).await;
     let mut done: HashSet<String> = HashSet::new();
     let mut killed = false;

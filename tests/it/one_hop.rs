@@ -1,5 +1,5 @@
-//! One hop per retry, against the real broker: a repeat failure skips the intake (`N.L`
-//! → `N.L.next` routes it by its `retry-next` into its tier), and the due hop does the intake's
+//! One hop per retry, against the real broker: a repeat failure skips the intake (`N.L` routes
+//! it by its `retry-next` into its tier), and the due hop does the intake's
 //! work for it — the same checks, the same count, the same
 //! parking reasons. And the move from the topology before it, in place.
 
@@ -13,14 +13,6 @@ const TWO_TIERS: &str = r#"
 backoff = ["300ms", "600ms"]
 max_attempts = 3
 allow = ["^{ns}-"]
-"#;
-
-/// [`TWO_TIERS`] with `first_failures = "direct"`.
-const TWO_TIERS_DIRECT: &str = r#"
-backoff = ["300ms", "600ms"]
-max_attempts = 3
-allow = ["^{ns}-"]
-first_failures = "direct"
 "#;
 
 /// A redelivery may be this much later than its tier on a busy 2-core machine; never earlier.
@@ -260,71 +252,13 @@ async fn an_existing_ladder_moves_to_the_new_way_in_without_loss_or_duplicates()
         .await;
 }
 
-/// With `first_failures = "direct"`, a first failure republished by an explicit consumer skips
-/// the intake too: `N.L.sort` sends
-/// it through its alternate into the ladder's first wait (`N.L.wait.<first step>`), which
-/// dead-letters into `N.L.due` with the key `wait.<tier>`, and the due hop takes it in there —
-/// counted, recorded and delivered after exactly its first step, then climbing as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_failure_waits_its_first_step_past_the_intake() {
-    let mut t = TestLadder::start("onehop-first", TWO_TIERS_DIRECT).await;
-    let names = Names::new(&t.ns, &t.ladder);
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    let mut consumer = t.consume(&orders).await;
-    let mut props = retry_props(&orders, None).with_message_id("m-1");
-    props.headers.as_mut().unwrap().set("retry-reason", text("timeout"));
-    let failed_at_ms = now_ms();
-    let failed = Instant::now();
-    t.publish(&t.intake(), "", b"x", props).await;
-    let first = next(&mut consumer).await;
-    let waited = failed.elapsed();
-    assert!(
-        waited >= Duration::from_millis(300) && waited <= Duration::from_millis(300) + TOLERANCE,
-        "the first retry after {waited:?}, its step is 300 ms"
-    );
-    assert_eq!(int_header(&first, "retry-attempt"), Some(1));
-    assert_eq!(headers_of(&first).get("retry-next"), Some(&text("600ms")));
-    assert_eq!(headers_of(&first).get("retry-reason"), Some(&text("timeout")));
-    let first_failed = int_header(&first, "retry-first-failed-at").unwrap() as u64;
-    assert!(
-        first_failed + 1_000 >= failed_at_ms && first_failed <= failed_at_ms + 1_000,
-        "retry-first-failed-at {first_failed}, published at {failed_at_ms}"
-    );
-    assert!(headers_of(&first).get("x-death").is_none(), "x-death stripped");
-    assert_eq!(received(&t, Hop::Intake), 0, "the first failure skipped the intake");
-    assert_eq!(received(&t, Hop::Due), 1);
-    // counted once the due hop settled it, which can be just after the delivery
-    wait_until("it entered the ladder at the due hop", || entered(&t) == 1).await;
-    assert_eq!(
-        queue_depth(&t.client, &format!("{}.wait.300ms", names.exchange)).await,
-        0,
-        "the first wait is empty again"
-    );
-
-    // the repeat failures take their tiers, and the last one the intake, which parks it
-    let mut last = first;
-    for attempt in 2..=3 {
-        t.publish(&t.intake(), "", b"x", republish_props(&last, &[])).await;
-        consumer.ack(&last);
-        last = next(&mut consumer).await;
-        assert_eq!(int_header(&last, "retry-attempt"), Some(attempt));
-    }
-    t.publish(&t.intake(), "", b"x", republish_props(&last, &[])).await;
-    consumer.ack(&last);
-    let parked = t.parked(1).await.remove(0);
-    assert_eq!(parked.reason, "max-attempts");
-    assert_eq!(received(&t, Hop::Intake), 1, "only to park the last");
-    t.assert_nothing_more("another delivery", &mut consumer, &orders, Via::Ladder)
-        .await;
-}
-
-/// With `first_failures = "direct"`, what the intake must take still goes there from
-/// `N.L.sort`, each taken in once: a first failure asking for a delay (`retry-delay`), one
-/// retried before that carries a `retry-attempt` but no `retry-next` (a delivery of an older
-/// release), and one whose `retry-next` names no tier of the ladder (a step taken out since).
+/// What `N.L` routes to no tier goes through its alternate to the intake, each taken in once: a
+/// first failure asking for a delay (`retry-delay`), one retried before that carries a
+/// `retry-attempt` but no `retry-next` (a delivery of an older release), and one whose
+/// `retry-next` names no tier of the ladder (a step taken out since).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_failures_the_intake_must_take_still_go_through_it() {
-    let mut t = TestLadder::start("onehop-sort", TWO_TIERS_DIRECT).await;
+    let mut t = TestLadder::start("onehop-sort", TWO_TIERS).await;
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let mut consumer = t.consume(&orders).await;
     let with = |key: &str, value: FieldValue| {
@@ -367,53 +301,7 @@ async fn first_failures_the_intake_must_take_still_go_through_it() {
         ]
     );
     assert_eq!(received(&t, Hop::Intake), 3, "each through the intake, once");
-    assert_eq!(received(&t, Hop::Due), 3, "none through the first wait");
+    assert_eq!(received(&t, Hop::Due), 3, "each delivered once");
     t.assert_nothing_more("a duplicate", &mut consumer, &orders, Via::Ladder)
-        .await;
-}
-
-/// With `first_failures = "direct"`, a first failure in dead-letter mode (the queue dead-letters
-/// into `N.L`, the consumer rejects) waits its first step past the intake too: the due hop reads
-/// its destination from the `x-death` entry before the first wait's own, which its channel
-/// decodes for what comes from the first wait; the repeat failures then climb as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rejected_first_failure_waits_its_first_step_past_the_intake_too() {
-    let mut t = TestLadder::start("onehop-first-dl", TWO_TIERS_DIRECT).await;
-    let mut args = FieldTable::default();
-    args.set("x-dead-letter-exchange", text(&t.intake()));
-    let orders = t.declare_queue("orders", args).await;
-    let mut consumer = t.consume(&orders).await;
-    t.publish("", &orders, b"body", BasicProperties::default().with_delivery_mode(2))
-        .await;
-    let d = next(&mut consumer).await;
-    let failed = Instant::now();
-    consumer.reject(&d, false);
-    let first = next(&mut consumer).await;
-    let waited = failed.elapsed();
-    assert!(
-        waited >= Duration::from_millis(300) && waited <= Duration::from_millis(300) + TOLERANCE,
-        "the first retry after {waited:?}, its step is 300 ms"
-    );
-    assert_eq!(int_header(&first, "retry-attempt"), Some(1));
-    assert_eq!(
-        headers_of(&first).get("retry-to"),
-        Some(&text(&orders)),
-        "read from x-death"
-    );
-    assert_eq!(headers_of(&first).get("retry-next"), Some(&text("600ms")));
-    assert!(headers_of(&first).get("x-death").is_none(), "x-death stripped");
-    assert_eq!(received(&t, Hop::Intake), 0, "the first failure skipped the intake");
-    let mut last = first;
-    for attempt in 2..=3 {
-        consumer.reject(&last, false);
-        last = next(&mut consumer).await;
-        assert_eq!(int_header(&last, "retry-attempt"), Some(attempt));
-    }
-    consumer.reject(&last, false);
-    let parked = t.parked(1).await.remove(0);
-    assert_eq!(parked.reason, "max-attempts");
-    assert_eq!(parked.destination.as_deref(), Some(orders.as_str()));
-    assert_eq!(received(&t, Hop::Intake), 1, "only to park the last");
-    t.assert_nothing_more("another delivery", &mut consumer, &orders, Via::Ladder)
         .await;
 }

@@ -144,8 +144,9 @@ async fn three_failures_then_parked_is_one_trace_with_the_waits_in_it() {
 
     // each wait: under what sent the message into it — the intake's send to the tiers first,
     // then the due hop's send to orders that the consumer's failure continued
-    let mut sent = child_of(intakes[0], &format!("send {}.default.tiers", t.ns)).expect("send to the tiers");
-    assert!(has(sent, "messaging.rabbitmq.destination.routing_key", "200ms"));
+    let tier = format!("{}.delay.200ms", t.ns);
+    let mut sent = child_of(intakes[0], &format!("send {tier}")).expect("send to the tier");
+    assert!(has(sent, "messaging.rabbitmq.destination.routing_key", tier.clone()));
     for (round, tier) in ["200ms", "500ms", "1s"].into_iter().enumerate() {
         let wait = spans
             .iter()
@@ -208,58 +209,3 @@ async fn a_message_without_trace_context_starts_a_new_trace() {
     assert!(spans.iter().any(|s| s.name.starts_with("wait ")));
 }
 
-/// With `first_failures = "direct"`, the first failure skips the intake and its trace says so:
-/// the wait in the ladder's first wait (`N.L.wait.<step>`) under the producer's span, then the
-/// due hop's process span (which takes it in: attempt 1) and its send to the destination — no
-/// intake span.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_direct_first_failure_is_traced_through_its_first_wait() {
-    let (state, exporter) = traced_state();
-    let ladder = "backoff = [\"200ms\", \"500ms\"]\nallow = [\"^{ns}-\"]\nfirst_failures = \"direct\"\n";
-    let mut t = TestLadder::start_with_state("trace-direct", ladder, state).await;
-    let orders = t.declare_queue("orders", FieldTable::default()).await;
-    let mut consumer = t.consume(&orders).await;
-    let (trace_id, root) = publish_traced(
-        &t,
-        &orders,
-        "5bf92f3577b34da6a3ce929d0e0e4736",
-        "10f067aa0ba902b7",
-        "d-1",
-    )
-    .await;
-    fail_next(&t, &mut consumer, &orders).await;
-    let retry = next(&mut consumer).await;
-    assert_eq!(int_header(&retry, "retry-attempt"), Some(1));
-    consumer.ack(&retry);
-
-    let spans = spans_of(&exporter, trace_id, 3).await;
-    let wait_name = format!("wait {}.default.wait.200ms", t.ns);
-    let wait = spans
-        .iter()
-        .find(|s| s.name == wait_name)
-        .unwrap_or_else(|| panic!("a span {wait_name}: {:?}", names(&spans)));
-    assert_eq!(wait.parent_span_id, root, "it continues the producer's trace");
-    assert!(has(wait, "ladder.tier", "200ms"));
-    let waited = wait.end_time.duration_since(wait.start_time).unwrap();
-    assert!(
-        waited >= Duration::from_millis(195) && waited < Duration::from_millis(1_700),
-        "waited {waited:?}"
-    );
-    let due = spans
-        .iter()
-        .find(|s| s.parent_span_id == wait.span_context.span_id() && s.name == format!("process {}.default.due", t.ns))
-        .expect("the due hop's process span under the wait");
-    assert!(has(due, "ladder.attempt", 1));
-    assert!(
-        spans
-            .iter()
-            .any(|s| s.parent_span_id == due.span_context.span_id() && s.name == format!("send {orders}")),
-        "{:?}",
-        names(&spans)
-    );
-    assert!(
-        !spans.iter().any(|s| s.name.ends_with(".intake")),
-        "no intake span: {:?}",
-        names(&spans)
-    );
-}

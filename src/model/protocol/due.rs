@@ -136,7 +136,7 @@ impl<'a> HopContext<'a> {
     /// Whether a message at the due hop, which arrived with `routing_key`, is a failure the
     /// broker routed past the intake:
     /// - a repeat failure carries `retry-next`, which the service writes only on what it
-    ///   delivers (never on a wait it schedules), and by which `N.L.next` routed it into that
+    ///   delivers (never on a wait it schedules), and by which `N.L` routed it into that
     ///   tier;
     /// - a first failure of an older ladder comes due from its first wait, `N.L.wait.<tier>`,
     ///   with the routing key that queue dead-letters with (`wait.<tier>`,

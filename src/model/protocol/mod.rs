@@ -60,7 +60,7 @@ pub mod header {
     /// intake when the next attempt is scheduled.
     pub const RETRY_DEFERRALS: &str = "retry-deferrals";
     /// Where this message's next failure waits (ladder, on every delivery of a retry): the name
-    /// of a tier of its ladder, or `intake`. `N.L.next` routes a failure carrying it (and the
+    /// of a tier of its ladder, or `intake`. `N.L` routes a failure carrying it (and the
     /// `retry-ladder` of that ladder) straight into that tier, so a repeat failure skips the
     /// intake; the due hop then does the intake's work for it. Never on a wait the service
     /// schedules, so a message that comes due with it is known to be a failure — and one that
@@ -404,7 +404,7 @@ impl Arrival<'static> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedFailure {
     /// The queue it waited in (`N.delay.<retry-next>`, shared by the namespace's ladders; or,
-    /// a first failure, the ladder's `N.L.wait.<tier>`).
+    /// a first failure of an older ladder, its `N.L.wait.<tier>`, [`crate::model::upgrade`]).
     pub queue: Option<String>,
     /// How long it waited before it came due: the TTL of that tier (0 when `retry-next` names
     /// none).

@@ -1444,7 +1444,7 @@ fn a_scheduled_wait_drops_retry_next_and_comes_due_as_a_delivery() {
 #[test]
 fn a_first_failure_that_waited_its_first_step_past_the_intake_is_taken_in_and_delivered() {
     let f = fixture();
-    // an explicit consumer's first failure, as N.L.wait.200ms dead-letters it into N.L.due
+    // an older ladder's first failure, as its N.L.wait.200ms dead-letters it into N.L.due
     let input = props(&[
         ("retry-to", long_string("orders")),
         ("retry-reason", long_string("timeout")),
@@ -1512,7 +1512,7 @@ fn a_first_failure_that_waited_its_first_step_past_the_intake_is_taken_in_and_de
 #[test]
 fn a_dead_lettered_first_wait_skips_its_own_death_entry() {
     let f = fixture();
-    // forged into the wait with an x-death (N.L.sort sends those to the intake): the wait's own
+    // forged into the wait with an x-death: the wait's own
     // entry is skipped, so the destination is the queue it failed in
     let mut input = props(&[]);
     input.headers.as_mut().unwrap().set(
