@@ -350,8 +350,6 @@ struct RawLadder {
     unidentified: Option<Unidentified>,
     exact_delays: Option<bool>,
     jitter: Option<String>,
-    /// Removed with layout 3 (every first failure passes the intake): refused with a reason.
-    first_failures: Option<toml::Value>,
     allow_exchanges: Option<Vec<String>>,
     release_rate: Option<String>,
     auto_hold: Option<RawAutoHold>,
@@ -1076,12 +1074,6 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         return Err(err(
             "jitter",
             "needs exact_delays = true: a spread step waits in the delay levels".into(),
-        ));
-    }
-    if raw.first_failures.is_some() {
-        return Err(err(
-            "first_failures",
-            "is gone: every first failure passes the intake, which checks and counts it at once; delete the key".into(),
         ));
     }
     let allow_exchanges = raw.allow_exchanges.unwrap_or_default();

@@ -357,7 +357,7 @@ fn exact_delays_jitter_and_exchange_targets() {
         (
             "backoff = [\"1s\"]\nallow = []\nfirst_failures = \"direct\"",
             "first_failures",
-            "passes the intake",
+            "unknown field",
         ),
     ] {
         let e = problem("", ladder);

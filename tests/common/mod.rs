@@ -666,6 +666,19 @@ pub async fn depth(conn: &Connection, queue: &str) -> Option<(u32, u32)> {
     declared.map(|q| (q.message_count, q.consumer_count))
 }
 
+/// Whether exchange `name` exists (a passive declare on a channel of its own).
+pub async fn exchange_exists(conn: &Connection, name: &str) -> bool {
+    let ch = conn.create_channel().await.unwrap();
+    let found = tokio::time::timeout(WAIT, ch.exchange_inspect(name))
+        .await
+        .unwrap()
+        .is_ok();
+    if found {
+        let _ = ch.close(200, "peeked").await;
+    }
+    found
+}
+
 /// How many messages `queue` holds now (a passive declare on a channel of its own).
 pub async fn queue_depth(conn: &Connection, queue: &str) -> u32 {
     let ch = conn.create_channel().await.unwrap();

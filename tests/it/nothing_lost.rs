@@ -410,7 +410,7 @@ async fn a_due_message_returned_25_times_is_still_delivered() {
     t.stop_service().await;
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let due = format!("{}.due", t.intake());
-    t.publish(&due, "", b"held", due_message(&orders, "returned-25")).await;
+    t.publish("", &due, b"held", due_message(&orders, "returned-25")).await;
     return_by_closing(&t, &due, 25).await;
     t.start_service().await;
     let mut consumer = t.consume(&orders).await;
@@ -431,7 +431,7 @@ async fn past_the_delivery_limit_a_message_is_parked_not_dropped() {
     let orders = t.declare_queue("orders", FieldTable::default()).await;
     let due = format!("{}.due", t.intake());
     let quarantine = format!("{}.quarantine", t.intake());
-    t.publish(&due, "", b"returned too often", due_message(&orders, "past-limit"))
+    t.publish("", &due, b"returned too often", due_message(&orders, "past-limit"))
         .await;
     return_by_closing(&t, &due, ladder::broker::topology::DELIVERY_LIMIT as usize + 1).await;
     // dead-lettering happens after the last return, asynchronously

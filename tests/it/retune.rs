@@ -16,19 +16,6 @@ use ladder_amqp::{BasicProperties, Connection, FieldTable};
 
 use crate::common::*;
 
-/// Whether exchange `name` exists.
-async fn exchange_exists(conn: &Connection, name: &str) -> bool {
-    let ch = conn.create_channel().await.unwrap();
-    let found = tokio::time::timeout(WAIT, ch.exchange_inspect(name))
-        .await
-        .unwrap()
-        .is_ok();
-    if found {
-        let _ = ch.close(200, "peeked").await;
-    }
-    found
-}
-
 fn failure(id: &str, destination: &str) -> BasicProperties {
     retry_props(destination, None).with_message_id(id).with_delivery_mode(2)
 }
