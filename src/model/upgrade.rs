@@ -14,8 +14,9 @@
 //!   `N.L.wait.<tier>` (`first_failures = "direct"`), which dead-letters into `N.L.due` with
 //!   the routing key `wait.<tier>`.
 //!
-//! Moving on is binding the forwarding layer, then unbinding the ways in of before (so a
-//! failure published in between reaches both, a duplicate, never neither). While a replica of
+//! Moving on is binding the forwarding layer, each way in of before unbound right after the one
+//! that replaces it is bound (so a failure published in between reaches both, a duplicate,
+//! never neither). While a replica of
 //! before still runs, `N.L.tiers` stays bound to the shared tiers it publishes into. What waited
 //! in the old tiers and first waits still comes due through `N.L.due`, and `ladder prune`
 //! deletes them once they are empty.
@@ -131,8 +132,8 @@ pub fn forwards(registry: &Registry, names: &Names) -> bool {
 }
 
 /// What ladder `spec` declares, `before` as it was: today's plan for a new or current ladder;
-/// for one of before, today's plan behind its forwarding layer, then the unbinds of its ways
-/// in of before.
+/// for one of before, today's plan behind its forwarding layer, which unbinds its ways in of
+/// before.
 pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion, before: Before) -> Vec<Declaration> {
     let today = plan::plan_ladder(names, spec, version);
     match before {
@@ -166,7 +167,6 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion, bef
         }
     }
     out.extend(plan::retired_routes(names, spec, &old.next));
-    out.extend(steps(names, spec, &old));
     out
 }
 
@@ -191,50 +191,45 @@ fn bind(exchange: &str, to: &str, key: &str, to_exchange: bool) -> Declaration {
 }
 
 /// The forwarding layer of a fanout `N.L`, each alternate exchange bound before anything can
-/// fall into it; and, for a replica of before still running, `N.L.tiers` to the shared tiers
-/// and `N.L.due` to the due queue.
+/// fall into it, and each way in of before unbound right after the one that replaces it is
+/// bound (a failure routed in between reaches both, a duplicate, never neither): `N.L.tiers` to
+/// the shared tiers (a replica of before publishes there) before its own tiers; `N.L` to
+/// `N.L.next` before `N.L` to the intake, while `N.L.next` routes nothing yet, so that both lead
+/// into the intake, which the broker then enqueues once. Today's routes come after.
 fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declaration> {
+    let own = |tier: &str| names.own_tier_queue_named(tier);
     let mut out = vec![exchange(&old.tiers, "direct", None)];
-    out.extend(
-        spec.tiers
-            .iter()
-            .map(|tier| bind(&old.tiers, &names.tier_queue(tier), &tier.name, false)),
-    );
+    for tier in &spec.tiers {
+        out.push(bind(&old.tiers, &names.tier_queue(tier), &tier.name, false));
+        out.push(unbind(&old.tiers, &own(&tier.name), &tier.name, Vec::new(), false));
+    }
     out.extend([
         exchange(&old.due, "fanout", None),
         bind(&old.due, &names.due, "", false),
         exchange(&old.first, "fanout", None),
         bind(&old.first, &names.intake_queue, "", false),
+        unbind(&old.first, &old.sort, "", Vec::new(), true),
         exchange(&old.next, "headers", Some(&old.first)),
+    ]);
+    for tier in &spec.steps {
+        out.push(unbind(&old.next, &own(&tier.name), "", plan::next_match(&spec.name, &tier.name), false));
+    }
+    out.extend([
         exchange(&names.exchange, "fanout", None),
         bind(&names.exchange, &old.next, "", true),
+        unbind(&names.exchange, &names.intake_queue, "", Vec::new(), false),
     ]);
     out
 }
 
-/// The unbinds that move a ladder of before onto its forwarding layer: its own tiers (by tier
-/// name from `N.L.tiers`, by `retry-next` from `N.L.next`), `N.L` straight to the intake
-/// (903c5df) and `N.L.first` to `N.L.sort` (up to a2d534d).
-fn steps(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declaration> {
-    let unbind = |exchange: &str, queue: &str, key: &str, args, to_exchange| Declaration::Unbinding {
+fn unbind(exchange: &str, queue: &str, key: &str, args: Vec<(&'static str, ArgValue)>, to_exchange: bool) -> Declaration {
+    Declaration::Unbinding {
         exchange: exchange.into(),
         queue: queue.into(),
         key: key.into(),
         args,
         to_exchange,
-    };
-    let mut out = Vec::new();
-    for tier in &spec.tiers {
-        let own = names.own_tier_queue_named(&tier.name);
-        out.push(unbind(&old.tiers, &own, &tier.name, Vec::new(), false));
     }
-    for tier in &spec.steps {
-        let own = names.own_tier_queue_named(&tier.name);
-        out.push(unbind(&old.next, &own, "", plan::next_match(&spec.name, &tier.name), false));
-    }
-    out.push(unbind(&names.exchange, &names.intake_queue, "", Vec::new(), false));
-    out.push(unbind(&old.first, &old.sort, "", Vec::new(), true));
-    out
 }
 
 /// The tier a first failure of an older ladder's first wait (`N.L.wait.<tier>`,
@@ -369,6 +364,12 @@ mod tests {
         assert!(
             at("binding  ns.orders.first -> ns.orders.intake key=\"\"")
                 < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
+        );
+        // N.L leaves the intake while N.L.next routes nothing yet: both ways lead to the intake
+        assert!(at("binding  ns.orders -> exchange ns.orders.next key=\"\"") < at("unbind   ns.orders -> ns.orders.intake key=\"\""));
+        assert!(
+            at("unbind   ns.orders -> ns.orders.intake key=\"\"")
+                < at("binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h")
         );
         // N.L is never declared headers over a fanout of before, nor its routes put on it
         assert!(!lines.iter().any(|l| l.starts_with("exchange ns.orders type=headers")), "{lines:#?}");
