@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 use crate::model::names::Names;
-use crate::model::protocol::header::{NEXT_INTAKE, NEXT_PROBE, RETRY_LADDER, RETRY_NEXT};
+use crate::model::protocol::header::{NEXT_PROBE, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
 #[derive(Debug, Clone, PartialEq)]
@@ -356,8 +356,9 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
 
 /// The bindings of `exchange` (`N.L`, or on a deployment upgraded from an older layout the
 /// headers exchange behind it) that route a repeat failure past the intake: into the tier of
-/// each step (none for a jittered ladder, whose intake draws every delay), to the intake
-/// (`retry-next: intake`, a last attempt) and to the probes queue.
+/// each step (none for a jittered ladder, whose intake draws every delay) and to the probes
+/// queue. `retry-next: intake` needs none: what no binding matches goes to the intake, and
+/// every binding costs each failure a match.
 pub fn routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declaration> {
     let mut out = Vec::new();
     if spec.spread().is_none() {
@@ -367,7 +368,6 @@ pub fn routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declarati
                 .map(|tier| route(exchange, &names.tier_queue(tier), &spec.name, &tier.name)),
         );
     }
-    out.push(route(exchange, &names.intake_queue, &spec.name, NEXT_INTAKE));
     out.push(route(exchange, &names.probes, &spec.name, NEXT_PROBE));
     out
 }
@@ -572,7 +572,6 @@ mod tests {
             "exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake",
             "binding  ns.orders -> ns.delay.10s key=\"\" x-match=all retry-ladder=orders retry-next=10s",
             "binding  ns.orders -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
-            "binding  ns.orders -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
             "binding  ns.orders -> ns.orders.probes key=\"\" x-match=all retry-ladder=orders retry-next=probe",
         ] {
             assert!(plan.contains(&line.to_string()), "{line}\n{plan:#?}");
@@ -645,9 +644,10 @@ mod tests {
                 format!("ns.orders -> ns.delay.{tier} key=\"\" x-match=all retry-ladder=orders retry-next={tier}");
             assert!(!lines.iter().any(|l| l.contains(&route)), "{lines:#?}");
         }
+        // retry-next: intake has no binding: N.L's alternate takes it to the intake
+        assert!(!lines.iter().any(|l| l.contains("retry-next=intake")), "{lines:#?}");
         assert!(lines.contains(
-            &"binding  ns.orders -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake"
-                .to_string()
+            &"exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake".to_string()
         ));
     }
 

@@ -210,6 +210,14 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
         bind(&old.first, &names.intake_queue, "", false),
         unbind(&old.first, &old.sort, "", Vec::new(), true),
         exchange(&old.next, "headers", Some(&old.first)),
+        // N.L.next's alternate leads there too: the binding of before only costs a match
+        unbind(
+            &old.next,
+            &names.intake_queue,
+            "",
+            plan::next_match(&spec.name, crate::model::protocol::header::NEXT_INTAKE),
+            false,
+        ),
     ]);
     for tier in &spec.steps {
         out.push(unbind(&old.next, &own(&tier.name), "", plan::next_match(&spec.name, &tier.name), false));
@@ -348,7 +356,7 @@ mod tests {
             "exchange ns.orders type=fanout durable",
             "binding  ns.orders -> exchange ns.orders.next key=\"\"",
             "binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h",
-            "binding  ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
+            "unbind   ns.orders.next -> ns.orders.intake key=\"\" x-match=all retry-ladder=orders retry-next=intake",
             "binding  ns.orders.tiers -> ns.delay.1h key=\"1h\"",
             "binding  ns.orders.due -> ns.orders.due key=\"\"",
             "unbind   ns.orders.tiers -> ns.orders.delay.1h key=\"1h\"",

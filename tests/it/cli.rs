@@ -211,7 +211,6 @@ fn contract(ns: &str) -> Vec<String> {
         format!("exchange {n} type=headers durable alternate-exchange={n}.intake"),
         format!("binding  {n} -> {ns}.delay.200ms key=\"\" x-match=all retry-ladder=default retry-next=200ms"),
         format!("binding  {n} -> {ns}.delay.500ms key=\"\" x-match=all retry-ladder=default retry-next=500ms"),
-        format!("binding  {n} -> {n}.intake key=\"\" x-match=all retry-ladder=default retry-next=intake"),
         format!("binding  {n} -> {n}.probes key=\"\" x-match=all retry-ladder=default retry-next=probe"),
         format!("queue    {n}.parked durable x-queue-type=stream"),
         format!(
