@@ -1424,7 +1424,7 @@ mod tests {
         let (l, over) = levels(&s, 1000);
         assert_eq!(l.len(), 6, "{l:?}");
         assert_eq!(over, 8, "512+256+128+64+32+16 = 1008");
-        assert_eq!(levels(&s, 3_600_000).0[0], "34m57s152ms");
+        assert_eq!(levels(&s, 3_600_000).0[0], "level-35m");
     }
 
     #[test]

@@ -142,7 +142,7 @@ pub async fn check(config: &Config) -> ExitCode {
         let levels: Vec<_> = ladder.tiers.iter().filter(|t| !ladder.steps.contains(t)).collect();
         if let (Some(first), Some(last)) = (levels.first(), levels.last()) {
             println!(
-                "    exact delays: {} delay levels {} … {}{}{}",
+                "    exact delays: {} delay levels, {} … {}{}{}",
                 levels.len(),
                 first.name,
                 last.name,

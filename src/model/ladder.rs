@@ -112,8 +112,38 @@ pub const MAX_DELAY: Duration = Duration::from_secs(49 * 24 * 3600);
 /// [`MAX_LEVEL_MS`] (28 levels).
 pub fn delay_levels() -> Vec<Tier> {
     (MIN_LEVEL_MS.trailing_zeros()..=MAX_LEVEL_MS.trailing_zeros())
-        .map(|k| Tier::new(Duration::from_millis(1 << k)))
+        .map(|k| {
+            let delay = Duration::from_millis(1 << k);
+            Tier {
+                name: level_name(delay),
+                delay,
+            }
+        })
         .collect()
+}
+
+/// A level's name: `level-` and its delay to three significant digits in the largest unit
+/// that keeps it at least 1 (`level-1.02s` for 1 024 ms, `level-24.9d`), so that in a list of
+/// queues a level reads apart from a step (`N.delay.1s`) and its delay reads at a glance. The
+/// exact delay is the queue's `x-message-ttl`.
+pub fn level_name(delay: Duration) -> String {
+    let ms = delay.as_millis() as f64;
+    let (value, unit) = [(86_400_000.0, "d"), (3_600_000.0, "h"), (60_000.0, "m"), (1_000.0, "s")]
+        .into_iter()
+        .find(|(size, _)| ms >= *size)
+        .map_or((ms, "ms"), |(size, unit)| (ms / size, unit));
+    let decimals = match value {
+        v if v >= 100.0 => 0,
+        v if v >= 10.0 => 1,
+        _ => 2,
+    };
+    let text = format!("{value:.decimals$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    format!("level-{text}{unit}")
 }
 
 /// A spread applied to every backoff step: a step `d` waits exactly `d · (1 ± jitter)`, drawn
@@ -621,8 +651,17 @@ mod tests {
     fn the_levels_are_the_powers_of_two_from_16ms_to_24_days() {
         let levels = delay_levels();
         assert_eq!(levels.len(), 28);
-        assert_eq!(levels[0].name, "16ms");
-        assert_eq!(levels[6].name, "1s24ms");
+        let names: Vec<&str> = levels.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "level-16ms", "level-32ms", "level-64ms", "level-128ms", "level-256ms", "level-512ms",
+                "level-1.02s", "level-2.05s", "level-4.1s", "level-8.19s", "level-16.4s", "level-32.8s",
+                "level-1.09m", "level-2.18m", "level-4.37m", "level-8.74m", "level-17.5m", "level-35m",
+                "level-1.17h", "level-2.33h", "level-4.66h", "level-9.32h", "level-18.6h", "level-1.55d",
+                "level-3.11d", "level-6.21d", "level-12.4d", "level-24.9d",
+            ]
+        );
         assert_eq!(levels[27].ttl_ms(), 1 << 31);
         assert!(levels.iter().map(|l| l.ttl_ms()).sum::<u64>() >= MAX_DELAY.as_millis() as u64);
         let l = ladder(&[1_000, 10_000], 3);

@@ -79,7 +79,7 @@ async fn check_summarises_the_delay_levels_of_a_ladder_with_exact_delays() {
         "the steps: {text}"
     );
     assert!(
-        text.contains("exact delays: 28 delay levels 16ms … 596h31m23s648ms, jitter 10%, exchanges [^events$]"),
+        text.contains("exact delays: 28 delay levels, level-16ms … level-24.9d, jitter 10%, exchanges [^events$]"),
         "{text}"
     );
 }
