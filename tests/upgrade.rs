@@ -110,7 +110,10 @@ fn previous_binary(previous: Previous) -> PathBuf {
             commit,
             &src.join("Cargo.toml"),
             &[
-                ("[package]\nname = \"ladder\"\n", &format!("[package]\nname = \"{package}\"\n")),
+                (
+                    "[package]\nname = \"ladder\"\n",
+                    &format!("[package]\nname = \"{package}\"\n"),
+                ),
                 ("[lib]\n", "[lib]\nname = \"ladder\"\n"),
                 // its binary under another name, so it never replaces this build's `ladder`
                 ("[[bin]]\nname = \"ladder\"", &format!("[[bin]]\nname = \"{package}\"")),
@@ -152,14 +155,7 @@ fn previous_binary(previous: Previous) -> PathBuf {
     }
     let built = build
         .current_dir(&src)
-        .args([
-            "build",
-            "-p",
-            &package,
-            "--bin",
-            &package,
-            "--target-dir",
-        ])
+        .args(["build", "-p", &package, "--bin", &package, "--target-dir"])
         .arg(root.join("target"))
         .status()
         .expect("cargo runs");
@@ -399,7 +395,14 @@ async fn rolling_deploy(release: Previous) {
     // what the previous release declared beyond this one's plan: the ladder's own tiers, and
     // the exchanges of before
     let old = ladder::model::upgrade::OldNames::of(&names);
-    exchanges.extend([old.next, old.first, old.sort, old.tiers, old.due, format!("{ns}.default.wait")]);
+    exchanges.extend([
+        old.next,
+        old.first,
+        old.sort,
+        old.tiers,
+        old.due,
+        format!("{ns}.default.wait"),
+    ]);
     queues.extend(
         config.ladders[0]
             .tiers
@@ -737,7 +740,10 @@ async fn rolling_deploy(release: Previous) {
     // what stays of before still leads a failure in, once
     let forwarded = ladder::model::upgrade::OldNames::of(&names);
     for kept in [&forwarded.next, &forwarded.first] {
-        assert!(exchange_exists(&conn, kept).await, "{kept} is kept: N.L forwards through it");
+        assert!(
+            exchange_exists(&conn, kept).await,
+            "{kept} is kept: N.L forwards through it"
+        );
     }
     let props = BasicProperties::default()
         .with_message_id("after-prune")

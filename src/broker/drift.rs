@@ -93,7 +93,9 @@ pub async fn record(
 ) -> Result<Registry, DriftError> {
     let mut registry = read(connection, &config.namespace).await?;
     let older = |names: &Names| {
-        unrecorded.iter().any(|l| names.exchange == format!("{}.{l}", config.namespace))
+        unrecorded
+            .iter()
+            .any(|l| names.exchange == format!("{}.{l}", config.namespace))
             || crate::model::upgrade::forwards(&registry, names)
     };
     let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version, older);

@@ -270,8 +270,7 @@ pub async fn serve_on(
         // A first failure that comes due from an older ladder's first wait (routing key
         // `wait.<step>`, `model::upgrade`) keeps them: its destination is read from `x-death`.
         if ladder.spec.senders.is_none() {
-            channel
-                .skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, "wait.");
+            channel.skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, "wait.");
         }
     }
     let queue = queue.unwrap_or(ladder.queue(hop));

@@ -15,7 +15,11 @@ pub fn plan(config: &Config, version: BrokerVersion) -> Vec<Declaration> {
 /// What the service declares for `config` on a broker of `version` where the topology stream
 /// knows `registry`: each ladder an earlier release declared with its forwarding layer
 /// ([`crate::model::upgrade`]), without the unbinds.
-pub fn plan_known(config: &Config, version: BrokerVersion, registry: &crate::model::drift::Registry) -> Vec<Declaration> {
+pub fn plan_known(
+    config: &Config,
+    version: BrokerVersion,
+    registry: &crate::model::drift::Registry,
+) -> Vec<Declaration> {
     use crate::model::upgrade::{self, Before};
     let mut out = crate::model::plan::plan_shared(&config.namespace, &config.ladders, version);
     for spec in &config.ladders {

@@ -364,7 +364,9 @@ fn note(k: &Known, o: &Observed, ladder_retired: bool) -> String {
     let ladder = &k.ladder;
     match (k.kind, ladder_retired) {
         (Kind::Exchange, true) => format!("an exchange of retired ladder {ladder}; pruned with its queues"),
-        (Kind::Exchange, false) => "an exchange of an older layout that no failure takes now; ladder prune removes it".into(),
+        (Kind::Exchange, false) => {
+            "an exchange of an older layout that no failure takes now; ladder prune removes it".into()
+        }
         (Kind::Queue, _) if k.stream && k.role == "parked" => format!(
             "the parking lot of retired ladder {ladder} (a stream: its entries are not counted here); \
              ladder prune keeps it unless given --with-parking-lot"

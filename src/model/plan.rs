@@ -583,12 +583,17 @@ mod tests {
                 < at("exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake")
         );
         // three exchanges per ladder, and nothing of an older layout
-        let exchanges: Vec<&String> = plan
-            .iter()
-            .filter(|l| l.starts_with("exchange ns.orders"))
-            .collect();
+        let exchanges: Vec<&String> = plan.iter().filter(|l| l.starts_with("exchange ns.orders")).collect();
         assert_eq!(exchanges.len(), 3, "{exchanges:#?}");
-        for old in [".next", ".first", ".sort", ".wait", ".tiers", "unbind", "ns.orders.due type"] {
+        for old in [
+            ".next",
+            ".first",
+            ".sort",
+            ".wait",
+            ".tiers",
+            "unbind",
+            "ns.orders.due type",
+        ] {
             assert!(!plan.iter().any(|l| l.contains(old)), "{old}: {plan:#?}");
         }
     }
@@ -646,9 +651,9 @@ mod tests {
         }
         // retry-next: intake has no binding: N.L's alternate takes it to the intake
         assert!(!lines.iter().any(|l| l.contains("retry-next=intake")), "{lines:#?}");
-        assert!(lines.contains(
-            &"exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake".to_string()
-        ));
+        assert!(
+            lines.contains(&"exchange ns.orders type=headers durable alternate-exchange=ns.orders.intake".to_string())
+        );
     }
 
     #[test]

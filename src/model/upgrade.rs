@@ -220,7 +220,13 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
         ),
     ]);
     for tier in &spec.steps {
-        out.push(unbind(&old.next, &own(&tier.name), "", plan::next_match(&spec.name, &tier.name), false));
+        out.push(unbind(
+            &old.next,
+            &own(&tier.name),
+            "",
+            plan::next_match(&spec.name, &tier.name),
+            false,
+        ));
     }
     out.extend([
         exchange(&names.exchange, "fanout", None),
@@ -230,7 +236,13 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
     out
 }
 
-fn unbind(exchange: &str, queue: &str, key: &str, args: Vec<(&'static str, ArgValue)>, to_exchange: bool) -> Declaration {
+fn unbind(
+    exchange: &str,
+    queue: &str,
+    key: &str,
+    args: Vec<(&'static str, ArgValue)>,
+    to_exchange: bool,
+) -> Declaration {
     Declaration::Unbinding {
         exchange: exchange.into(),
         queue: queue.into(),
@@ -323,7 +335,10 @@ mod tests {
             layout: Some(LAYOUT),
         });
         assert!(forwards(&forwarded, &names));
-        assert_eq!(Before::of(Some(&forwarded), &names, &s, absent).await, Before::Forwarded);
+        assert_eq!(
+            Before::of(Some(&forwarded), &names, &s, absent).await,
+            Before::Forwarded
+        );
         // not in the stream: 903c5df declared it (it had no stream), or nobody did
         let empty = Registry::default();
         assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Unrecorded);
@@ -341,9 +356,16 @@ mod tests {
         let v = BrokerVersion::LATEST;
         let today = plan::plan_ladder(&names, &s, v);
         assert_eq!(plan_ladder(&names, &s, v, Before::Nothing), today);
-        assert_eq!(plan_ladder(&names, &s, v, Before::Current), today, "no jitter: nothing to unroute");
+        assert_eq!(
+            plan_ladder(&names, &s, v, Before::Current),
+            today,
+            "no jitter: nothing to unroute"
+        );
         for before in [Before::Unrecorded, Before::Forwarded] {
-            assert_eq!(plan_ladder(&names, &s, v, before), plan_ladder(&names, &s, v, Before::Older));
+            assert_eq!(
+                plan_ladder(&names, &s, v, before),
+                plan_ladder(&names, &s, v, Before::Older)
+            );
         }
         let lines: Vec<String> = plan_ladder(&names, &s, v, Before::Older)
             .iter()
@@ -368,20 +390,32 @@ mod tests {
         }
         let at = |line: &str| lines.iter().position(|l| l == line).unwrap();
         // the new way in is bound before the old ones are removed, and each alternate first
-        assert!(at("binding  ns.orders.first -> ns.orders.intake key=\"\"") < at("unbind   ns.orders.first -> exchange ns.orders.sort key=\"\""));
+        assert!(
+            at("binding  ns.orders.first -> ns.orders.intake key=\"\"")
+                < at("unbind   ns.orders.first -> exchange ns.orders.sort key=\"\"")
+        );
         assert!(
             at("binding  ns.orders.first -> ns.orders.intake key=\"\"")
                 < at("exchange ns.orders.next type=headers durable alternate-exchange=ns.orders.first")
         );
         // N.L leaves the intake while N.L.next routes nothing yet: both ways lead to the intake
-        assert!(at("binding  ns.orders -> exchange ns.orders.next key=\"\"") < at("unbind   ns.orders -> ns.orders.intake key=\"\""));
+        assert!(
+            at("binding  ns.orders -> exchange ns.orders.next key=\"\"")
+                < at("unbind   ns.orders -> ns.orders.intake key=\"\"")
+        );
         assert!(
             at("unbind   ns.orders -> ns.orders.intake key=\"\"")
                 < at("binding  ns.orders.next -> ns.delay.1h key=\"\" x-match=all retry-ladder=orders retry-next=1h")
         );
         // N.L is never declared headers over a fanout of before, nor its routes put on it
-        assert!(!lines.iter().any(|l| l.starts_with("exchange ns.orders type=headers")), "{lines:#?}");
-        assert!(!lines.iter().any(|l| l.starts_with("binding  ns.orders -> ns.")), "{lines:#?}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("exchange ns.orders type=headers")),
+            "{lines:#?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.starts_with("binding  ns.orders -> ns.")),
+            "{lines:#?}"
+        );
         // a new install unbinds nothing
         let plan = plan::plan("ns", std::slice::from_ref(&s), v);
         assert!(

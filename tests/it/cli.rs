@@ -323,7 +323,9 @@ async fn apply_moves_only_a_ladder_of_an_older_layout() {
     let ch = conn.create_channel().await.unwrap();
     ch.queue_delete(&format!("{ns}.topology")).await.unwrap();
     ch.exchange_delete(&n).await.unwrap();
-    ch.exchange_declare(&n, "fanout", true, FieldTable::default()).await.unwrap();
+    ch.exchange_declare(&n, "fanout", true, FieldTable::default())
+        .await
+        .unwrap();
     ch.queue_bind(&format!("{n}.intake"), &n, "", FieldTable::default())
         .await
         .unwrap();

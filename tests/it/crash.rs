@@ -231,9 +231,7 @@ async fn service_killed_with_hundreds_in_flight_loses_nothing() {
             2 => failure(&park[i / 3], &orders, Some(2)),
             _ => failure(&deliver[i / 3 * 2 + i % 3], &orders, None),
         };
-        let publish = ch
-            .basic_publish(&names.exchange, "", true, &props, b"order")
-            .unwrap();
+        let publish = ch.basic_publish(&names.exchange, "", true, &props, b"order").unwrap();
         confirms.push(publish);
     }
     let confirmed = tokio::time::timeout(WAIT, try_join_all(confirms))

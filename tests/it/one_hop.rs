@@ -236,8 +236,7 @@ async fn an_existing_ladder_moves_to_the_new_way_in_without_loss_or_duplicates()
     // a retry the old due hop would have received: published into N.L.due as the old tiers did
     t.publish(&names.due, "", b"old-due", old_props).await;
     // a new failure, published after the move: taken in once
-    t.publish(&names.exchange, "", b"new", retry_props(&orders, None))
-        .await;
+    t.publish(&names.exchange, "", b"new", retry_props(&orders, None)).await;
 
     let mut consumer = t.consume(&orders).await;
     let mut bodies: Vec<Vec<u8>> = receive(&mut consumer, 3).await.into_iter().map(|d| d.body).collect();

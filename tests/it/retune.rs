@@ -806,4 +806,3 @@ async fn check_and_plan_show_an_object_whose_arguments_differ_from_the_config() 
         out(&again)
     );
 }
-

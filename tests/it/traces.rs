@@ -208,4 +208,3 @@ async fn a_message_without_trace_context_starts_a_new_trace() {
     assert_eq!(intake.parent_span_id, SpanId::INVALID, "a new root");
     assert!(spans.iter().any(|s| s.name.starts_with("wait ")));
 }
-

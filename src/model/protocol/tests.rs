@@ -266,7 +266,12 @@ fn the_due_hop_waits_again_until_due_then_delivers() {
             Some(&FieldValue::LongLongInt(1)),
             "no attempt"
         );
-        let tier = f.spec.tiers.iter().find(|t| t.name == out.kind.tier().unwrap()).unwrap();
+        let tier = f
+            .spec
+            .tiers
+            .iter()
+            .find(|t| t.name == out.kind.tier().unwrap())
+            .unwrap();
         at += tier.ttl_ms() + 3;
         hops.push(out.kind.tier().unwrap());
         props_now = out.properties;
@@ -1011,7 +1016,12 @@ fn a_deferred_message_waits_again_without_an_attempt_and_longer_for_each_refusal
             Some(&FieldValue::LongLongInt(n))
         );
         assert_eq!(header(&out.properties, "x-death"), None);
-        let tier = f.spec.tiers.iter().find(|t| t.name == out.kind.tier().unwrap()).unwrap();
+        let tier = f
+            .spec
+            .tiers
+            .iter()
+            .find(|t| t.name == out.kind.tier().unwrap())
+            .unwrap();
         assert_eq!(
             header(&out.properties, "retry-due-at"),
             Some(&FieldValue::LongLongInt((NOW + tier.ttl_ms()) as i64))
@@ -1298,10 +1308,7 @@ fn a_forged_route_gets_every_check_a_first_failure_gets() {
         ]),
         NOW,
     ));
-    assert_eq!(
-        (short.kind.tier(), short.due_at_ms),
-        (Some("level-256ms"), NOW + 300)
-    );
+    assert_eq!((short.kind.tier(), short.due_at_ms), (Some("level-256ms"), NOW + 300));
     assert!(short.failure);
     assert!(
         header(&short.full_properties(&forged(&[])), "retry-next").is_none(),
@@ -1372,7 +1379,8 @@ fn a_routed_failure_asking_a_longer_delay_waits_the_rest_never_less() {
     let out = forward(f.ctx().due(&back, NOW));
     assert_eq!((out.kind.tier().is_some(), out.due_at_ms), (true, NOW - 200 + 700));
     assert_eq!(
-        out.kind.tier().unwrap(), "500ms",
+        out.kind.tier().unwrap(),
+        "500ms",
         "the longest tier within the 500 ms left (a step)"
     );
 }
