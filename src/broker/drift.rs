@@ -157,6 +157,32 @@ pub async fn queue_exists(connection: &Connection, queue: &str) -> Result<bool, 
     }
 }
 
+/// Whether exchange `name` is a fanout exchange without arguments (`Some(true)`: what every
+/// release before layout 3 declared as `N.L`), of another shape (`Some(false)`), or missing
+/// (`None`). A passive declare, then a declare as that fanout: a no-op for one of that shape,
+/// refused for any other (406, which closes only its channel).
+pub async fn is_fanout(connection: &Connection, name: &str) -> Result<Option<bool>, DriftError> {
+    let channel = bounded("opening a channel", connection.create_channel()).await?;
+    match bounded("looking for an exchange", channel.exchange_inspect(name)).await {
+        Ok(()) => {}
+        Err(CancelError::Broker(e)) if not_found(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let declared = bounded(
+        "declaring an exchange as it was",
+        channel.exchange_declare(name, "fanout", true, FieldTable::new()),
+    )
+    .await;
+    match declared {
+        Ok(()) => {
+            let _ = channel.close(200, "looked").await;
+            Ok(Some(true))
+        }
+        Err(CancelError::Broker(e)) if precondition(&e).is_some() => Ok(Some(false)),
+        Err(e) => Err(e),
+    }
+}
+
 /// What the broker says of each object: a passive declare each (a 404 closes its channel, so a
 /// new one is opened for the next).
 pub async fn observe(connection: &Connection, objects: &[Known]) -> Result<Vec<Observed>, DriftError> {

@@ -77,8 +77,10 @@ impl OldNames {
 }
 
 impl Before {
-    /// From what the topology stream says (`None`: it could not be read), and whether the
-    /// ladder's intake queue exists, asked only when the stream does not know the ladder.
+    /// From what the topology stream says (`None`: it could not be read), and, asked only when
+    /// the stream does not know the ladder, whether its `N.L` is a fanout exchange of before
+    /// (`Some(true)`), today's (`Some(false)`) or missing (`None`): the broker's word, so that a
+    /// stream that cannot be read never has today's `N.L` declared as a fanout, or the reverse.
     ///
     /// A ladder the stream knows with `N.L.next` keeps its forwarding layer for good (its `N.L`
     /// is a fanout), and every start unbinds the ways in of before again: a replica of before
@@ -87,13 +89,13 @@ impl Before {
         registry: Option<&Registry>,
         names: &Names,
         spec: &LadderSpec,
-        intake_exists: impl AsyncFnOnce() -> bool,
+        fanout_entry: impl AsyncFnOnce() -> Option<bool>,
     ) -> Before {
         let Some(registry) = registry.filter(|r| r.knows_queue(&names.intake_queue)) else {
-            return if intake_exists().await {
-                Before::Unrecorded
-            } else {
-                Before::Nothing
+            return match fanout_entry().await {
+                Some(true) => Before::Unrecorded,
+                Some(false) => Before::Current,
+                None => Before::Nothing,
             };
         };
         let old_tiers = spec
@@ -113,11 +115,6 @@ impl Before {
     /// ladder, without the unbinds that depend on the rest.
     pub fn from_older(older: bool) -> Before {
         if older { Before::Older } else { Before::Nothing }
-    }
-
-    /// Whether the ladder's `N.L` is a fanout exchange of before.
-    pub fn is_older(self) -> bool {
-        matches!(self, Before::Older | Before::Unrecorded | Before::Forwarded)
     }
 
     /// Whether this start moves the ladder off a layout of before.
@@ -309,8 +306,9 @@ mod tests {
     async fn the_stream_and_the_broker_tell_how_a_ladder_was_declared() {
         let s = spec();
         let names = Names::of("ns", &s);
-        let exists = async || true;
-        let absent = async || false;
+        let exists = async || Some(true);
+        let absent = async || None;
+        let today = async || Some(false);
         let current = registry(Some(LAYOUT), &names, &[]);
         let unrecorded = registry(None, &names, &[]);
         assert_eq!(Before::of(Some(&current), &names, &s, absent).await, Before::Current);
@@ -344,6 +342,9 @@ mod tests {
         assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Unrecorded);
         assert_eq!(Before::of(Some(&empty), &names, &s, absent).await, Before::Nothing);
         assert_eq!(Before::of(None, &names, &s, exists).await, Before::Unrecorded);
+        // a stream that cannot be read, over today's N.L: today's, never a fanout declared over it
+        assert_eq!(Before::of(None, &names, &s, today).await, Before::Current);
+        assert_eq!(Before::of(Some(&empty), &names, &s, today).await, Before::Current);
         // a ladder added to a namespace already in today's layout is new
         let other = Names::new("ns", "billing");
         assert_eq!(Before::of(Some(&current), &other, &s, absent).await, Before::Nothing);
