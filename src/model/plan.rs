@@ -190,28 +190,14 @@ pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersi
     }
     let mut out = vec![
         topology_stream(namespace),
-        Declaration::Exchange {
-            name: names.stray.clone(),
-            kind: "fanout",
-            args: Vec::new(),
-        },
+        exchange(&names.stray, "fanout", None),
         Declaration::Queue {
             name: names.stray.clone(),
             args: stray_args,
             older: None,
         },
-        Declaration::Binding {
-            exchange: names.stray.clone(),
-            queue: names.stray.clone(),
-            key: String::new(),
-            args: Vec::new(),
-            to_exchange: false,
-        },
-        Declaration::Exchange {
-            name: names.shared_due.clone(),
-            kind: "headers",
-            args: vec![("alternate-exchange", ArgValue::Str(names.stray.clone()))],
-        },
+        bind(&names.stray, &names.stray, "", false),
+        exchange(&names.shared_due, "headers", Some(&names.stray)),
         watchdog_queue(namespace),
     ];
     for spec in ladders {
@@ -274,13 +260,7 @@ pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str, older:
     let old = crate::model::upgrade::OldNames::of(names);
     vec![
         route(&old.next, queue, ladder, tier),
-        Declaration::Binding {
-            exchange: old.tiers,
-            queue: queue.into(),
-            key: tier.into(),
-            args: Vec::new(),
-            to_exchange: false,
-        },
+        bind(&old.tiers, queue, tier, false),
     ]
 }
 
@@ -311,22 +291,10 @@ pub(crate) fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgVal
 /// hops consume; and the streams. Declared from the end back, so each alternate exchange exists
 /// before anything can fall into it.
 pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> Vec<Declaration> {
-    let bind = |exchange: &str, queue: &str| Declaration::Binding {
-        exchange: exchange.into(),
-        queue: queue.into(),
-        key: String::new(),
-        args: Vec::new(),
-        to_exchange: false,
-    };
-    let fanout = |name: &str| Declaration::Exchange {
-        name: name.into(),
-        kind: "fanout",
-        args: Vec::new(),
-    };
     let mut out = vec![
-        fanout(&names.quarantine),
+        exchange(&names.quarantine, "fanout", None),
         quarantine_queue(names, spec, version),
-        bind(&names.quarantine, &names.quarantine),
+        bind(&names.quarantine, &names.quarantine, "", false),
         netted_queue(&names.intake_queue, names, spec, Some(vec![queue_type(spec)])),
         netted_queue(&names.probes, names, spec, None),
         netted_queue(&names.due, names, spec, Some(vec![queue_type(spec)])),
@@ -341,13 +309,9 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
             ],
             to_exchange: false,
         },
-        fanout(&names.intake_exchange),
-        bind(&names.intake_exchange, &names.intake_queue),
-        Declaration::Exchange {
-            name: names.exchange.clone(),
-            kind: "headers",
-            args: vec![("alternate-exchange", ArgValue::Str(names.intake_exchange.clone()))],
-        },
+        exchange(&names.intake_exchange, "fanout", None),
+        bind(&names.intake_exchange, &names.intake_queue, "", false),
+        exchange(&names.exchange, "headers", Some(&names.intake_exchange)),
     ];
     out.extend(routes(names, spec, &names.exchange));
     out.extend(streams(names, spec));
@@ -380,14 +344,56 @@ pub fn retired_routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<D
     }
     spec.steps
         .iter()
-        .map(|tier| Declaration::Unbinding {
-            exchange: exchange.into(),
-            queue: names.tier_queue(tier),
-            key: String::new(),
-            args: next_match(&spec.name, &tier.name),
-            to_exchange: false,
+        .map(|tier| {
+            unbind(
+                exchange,
+                &names.tier_queue(tier),
+                "",
+                next_match(&spec.name, &tier.name),
+                false,
+            )
         })
         .collect()
+}
+
+/// A durable exchange of `kind`, with `alternate` as its alternate exchange if any.
+pub(crate) fn exchange(name: &str, kind: &'static str, alternate: Option<&str>) -> Declaration {
+    Declaration::Exchange {
+        name: name.into(),
+        kind,
+        args: alternate
+            .map(|a| vec![("alternate-exchange", ArgValue::Str(a.into()))])
+            .unwrap_or_default(),
+    }
+}
+
+/// A binding without arguments of `to` (a queue, or an exchange when `to_exchange`) to
+/// `exchange` with `key`.
+pub(crate) fn bind(exchange: &str, to: &str, key: &str, to_exchange: bool) -> Declaration {
+    Declaration::Binding {
+        exchange: exchange.into(),
+        queue: to.into(),
+        key: key.into(),
+        args: Vec::new(),
+        to_exchange,
+    }
+}
+
+/// The removal of a binding of `queue` (an exchange when `to_exchange`) to `exchange`.
+pub(crate) fn unbind(
+    exchange: &str,
+    queue: &str,
+    key: &str,
+    args: Vec<(&'static str, ArgValue)>,
+    to_exchange: bool,
+) -> Declaration {
+    Declaration::Unbinding {
+        exchange: exchange.into(),
+        queue: queue.into(),
+        key: key.into(),
+        args,
+        to_exchange,
+    }
 }
 
 fn queue_type(spec: &LadderSpec) -> (&'static str, ArgValue) {

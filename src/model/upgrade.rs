@@ -26,7 +26,7 @@
 use crate::model::drift::Registry;
 use crate::model::ladder::LadderSpec;
 use crate::model::names::Names;
-use crate::model::plan::{self, ArgValue, BrokerVersion, Declaration};
+use crate::model::plan::{self, BrokerVersion, Declaration, bind, exchange, unbind};
 
 /// Today's layout, recorded with each record of the topology stream.
 pub const LAYOUT: u32 = 3;
@@ -167,26 +167,6 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion, bef
     out
 }
 
-fn exchange(name: &str, kind: &'static str, alternate: Option<&str>) -> Declaration {
-    Declaration::Exchange {
-        name: name.into(),
-        kind,
-        args: alternate
-            .map(|a| vec![("alternate-exchange", ArgValue::Str(a.into()))])
-            .unwrap_or_default(),
-    }
-}
-
-fn bind(exchange: &str, to: &str, key: &str, to_exchange: bool) -> Declaration {
-    Declaration::Binding {
-        exchange: exchange.into(),
-        queue: to.into(),
-        key: key.into(),
-        args: Vec::new(),
-        to_exchange,
-    }
-}
-
 /// The forwarding layer of a fanout `N.L`, each alternate exchange bound before anything can
 /// fall into it, and each way in of before unbound right after the one that replaces it is
 /// bound (a failure routed in between reaches both, a duplicate, never neither): `N.L.tiers` to
@@ -231,22 +211,6 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
         unbind(&names.exchange, &names.intake_queue, "", Vec::new(), false),
     ]);
     out
-}
-
-fn unbind(
-    exchange: &str,
-    queue: &str,
-    key: &str,
-    args: Vec<(&'static str, ArgValue)>,
-    to_exchange: bool,
-) -> Declaration {
-    Declaration::Unbinding {
-        exchange: exchange.into(),
-        queue: queue.into(),
-        key: key.into(),
-        args,
-        to_exchange,
-    }
 }
 
 /// The tier a first failure of an older ladder's first wait (`N.L.wait.<tier>`,

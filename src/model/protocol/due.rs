@@ -82,7 +82,7 @@ impl<'a> HopContext<'a> {
             let mut out = FieldTable::with_capacity(1);
             out.push(ShortString::from_static(header::RETRY_TIER), long_string(&tier.name));
             let (properties, carry) = carrying(props, Some(out), &[header::RETRY_TIER]);
-            let (exchange, routing_key, kind) = self.into_tier(tier);
+            let (exchange, routing_key, kind) = self.wait_in(tier);
             return Decision::Forward(Box::new(Forward {
                 exchange,
                 routing_key,
@@ -229,7 +229,7 @@ impl<'a> HopContext<'a> {
             if let Some(own) = forward.properties.headers.as_mut() {
                 own.set(header::RETRY_TIER, long_string(&tier.name));
             }
-            (forward.exchange, forward.routing_key, forward.kind) = self.into_tier(tier);
+            (forward.exchange, forward.routing_key, forward.kind) = self.wait_in(tier);
             return Decision::Forward(forward);
         }
         // already due: out to its destination, as any retry is delivered
@@ -270,7 +270,7 @@ impl<'a> HopContext<'a> {
         out.set(header::RETRY_TIER, long_string(&tier.name));
         let due_at_ms = now_ms.saturating_add(tier.ttl_ms());
         out.set(header::RETRY_DUE_AT, FieldValue::LongLongInt(due_at_ms as i64));
-        let (exchange, routing_key, kind) = self.into_tier(tier);
+        let (exchange, routing_key, kind) = self.wait_in(tier);
         Forward {
             exchange,
             routing_key,

@@ -176,7 +176,7 @@ impl<'a> HopContext<'a> {
             appended_history(h.get(header::RETRY_HISTORY), attempt, &step, now_ms),
         );
         let (properties, carry) = carrying(props, Some(out), except);
-        let (exchange, routing_key, kind) = self.into_tier(tier);
+        let (exchange, routing_key, kind) = self.wait_in(tier);
         Decision::Forward(Box::new(Forward {
             exchange,
             routing_key,
@@ -284,7 +284,7 @@ impl<'a> HopContext<'a> {
         } else {
             let tier = self.spec.next_wait(Duration::from_millis(remaining));
             out.set(header::RETRY_TIER, long_string(&tier.name));
-            self.into_tier(tier)
+            self.wait_in(tier)
         };
         Decision::Forward(Box::new(Forward {
             exchange,

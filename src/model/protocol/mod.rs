@@ -454,7 +454,7 @@ pub struct HopContext<'a> {
 impl<'a> HopContext<'a> {
     /// Where a wait in `tier` is published: the default exchange, the tier queue's name, and
     /// the kind that names the tier.
-    fn into_tier(&self, tier: &'a crate::model::ladder::Tier) -> (Cow<'a, str>, Cow<'a, str>, ForwardKind<'a>) {
+    fn wait_in(&self, tier: &'a crate::model::ladder::Tier) -> (Cow<'a, str>, Cow<'a, str>, ForwardKind<'a>) {
         (
             Cow::Borrowed(""),
             Cow::Owned(self.names.tier_queue(tier)),
