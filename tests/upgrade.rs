@@ -27,8 +27,14 @@ struct Previous {
     own_tiers: bool,
 }
 
+/// The name the releases of before gave a tier, a level too: its delay in compact humantime
+/// (`4s96ms`; today a level is `level-4.1s`).
+fn old_name(tier: &ladder::model::ladder::Tier) -> String {
+    ladder::model::ladder::compact_duration(tier.delay)
+}
+
 impl Previous {
-    /// The queue where this release waits a message `tier`.
+    /// The queue where this release waits a message `tier` (by its name of before).
     fn tier_queue(self, names: &Names, tier: &str) -> String {
         if self.own_tiers {
             names.own_tier_queue_named(tier)
@@ -247,9 +253,12 @@ async fn own_tiers_retired_and_pruned(
     let check = command(current, config_path, &["check"]);
     let text = String::from_utf8_lossy(&check.stdout).to_string();
     for tier in &config.ladders[0].tiers {
-        let own = names.own_tier_queue_named(&tier.name);
+        let own = names.own_tier_queue_named(&old_name(tier));
         assert!(
-            text.contains(&format!("retired queue {own} (ladder default, delay.{})", tier.name)),
+            text.contains(&format!(
+                "retired queue {own} (ladder default, delay.{})",
+                old_name(tier)
+            )),
             "{own} is not listed as retired: {text}"
         );
     }
@@ -258,7 +267,7 @@ async fn own_tiers_retired_and_pruned(
     assert_eq!(pruned.status.code(), Some(0), "{text}");
     eprintln!("{text}");
     for tier in &config.ladders[0].tiers {
-        let own = names.own_tier_queue_named(&tier.name);
+        let own = names.own_tier_queue_named(&old_name(tier));
         assert_eq!(depth(conn, &own).await, None, "{own} is pruned");
         let shared = names.tier_queue(tier);
         assert!(depth(conn, &shared).await.is_some(), "{shared} stays");
@@ -359,11 +368,11 @@ async fn tier_depths(
 ) -> Vec<(String, u32)> {
     let mut out = Vec::new();
     for tier in &config.ladders[0].tiers {
-        let queue = previous.tier_queue(names, &tier.name);
+        let queue = previous.tier_queue(names, &old_name(tier));
         let (ready, _) = depth(conn, &queue)
             .await
             .unwrap_or_else(|| panic!("the previous release declared {queue}"));
-        out.push((tier.name.clone(), ready));
+        out.push((old_name(tier), ready));
     }
     out
 }
@@ -403,12 +412,12 @@ async fn rolling_deploy(release: Previous) {
         old.due,
         format!("{ns}.default.wait"),
     ]);
-    queues.extend(
-        config.ladders[0]
-            .tiers
-            .iter()
-            .map(|tier| names.own_tier_queue_named(&tier.name)),
-    );
+    queues.extend(config.ladders[0].tiers.iter().flat_map(|tier| {
+        [
+            names.own_tier_queue_named(&old_name(tier)),
+            names.tier_queue_named(&old_name(tier)),
+        ]
+    }));
     let _cleanup = Cleanup(queues, exchanges);
 
     let conn = connect().await;
