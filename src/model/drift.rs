@@ -276,10 +276,10 @@ pub fn own_tiers(namespace: &str, ladders: &[LadderSpec]) -> Vec<Known> {
         .flat_map(|spec| {
             let names = Names::new(namespace, &spec.name);
             spec.tiers.iter().map(move |tier| Known {
-                name: names.own_tier_queue_named(&tier.name),
+                name: names.own_tier_queue_named(&upgrade::old_name(tier)),
                 kind: Kind::Queue,
                 ladder: spec.name.clone(),
-                role: format!("delay.{}", tier.name),
+                role: format!("delay.{}", upgrade::old_name(tier)),
                 ttl_ms: Some(tier.ttl_ms()),
                 stream: false,
             })

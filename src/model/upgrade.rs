@@ -101,7 +101,7 @@ impl Before {
         let old_tiers = spec
             .tiers
             .iter()
-            .any(|tier| registry.knows_queue(&names.own_tier_queue_named(&tier.name)));
+            .any(|tier| registry.knows_queue(&names.own_tier_queue_named(&old_name(tier))));
         let forwarded = forwards(registry, names);
         match registry.layout() {
             Some(LAYOUT) if old_tiers => Before::Older,
@@ -177,8 +177,10 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
     let own = |tier: &str| names.own_tier_queue_named(tier);
     let mut out = vec![exchange(&old.tiers, "direct", None)];
     for tier in &spec.tiers {
-        out.push(bind(&old.tiers, &names.tier_queue(tier), &tier.name, false));
-        out.push(unbind(&old.tiers, &own(&tier.name), &tier.name, Vec::new(), false));
+        // a replica of before publishes with the tier's name of before
+        let key = old_name(tier);
+        out.push(bind(&old.tiers, &names.tier_queue(tier), &key, false));
+        out.push(unbind(&old.tiers, &own(&key), &key, Vec::new(), false));
     }
     out.extend([
         exchange(&old.due, "fanout", None),
@@ -211,6 +213,12 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
         unbind(&names.exchange, &names.intake_queue, "", Vec::new(), false),
     ]);
     out
+}
+
+/// The name every release before layout 3 gave tier `tier`, a level too: its delay in compact
+/// humantime (`4s96ms`; today's level is `level-4.1s`). A step's name is the same.
+pub fn old_name(tier: &crate::model::ladder::Tier) -> String {
+    crate::model::ladder::compact_duration(tier.delay)
 }
 
 /// The tier a first failure of an older ladder's first wait (`N.L.wait.<tier>`,
@@ -387,6 +395,19 @@ mod tests {
             !plan.iter().any(|d| matches!(d, Declaration::Unbinding { .. })),
             "a new install unbinds nothing: {plan:#?}"
         );
+        // a replica of before publishes into a level by the level's name of before
+        let mut levelled = s.clone();
+        levelled.set_exact_delays(true);
+        let lines: Vec<String> = plan_ladder(&names, &levelled, v, Before::Older)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        for line in [
+            "binding  ns.orders.tiers -> ns.delay.level-1.02s key=\"1s24ms\"",
+            "unbind   ns.orders.tiers -> ns.orders.delay.1s24ms key=\"1s24ms\"",
+        ] {
+            assert!(lines.contains(&line.to_string()), "{line}\n{lines:#?}");
+        }
         // a current ladder that gained jitter loses its step routes on N.L
         let mut jittered = s.clone();
         jittered.set_exact_delays(true);
