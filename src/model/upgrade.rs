@@ -181,6 +181,16 @@ fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declarati
         let key = old_name(tier);
         out.push(bind(&old.tiers, &names.tier_queue(tier), &key, false));
         out.push(unbind(&old.tiers, &own(&key), &key, Vec::new(), false));
+        if key != tier.name {
+            // the shared level of before (a2d534d), renamed since
+            out.push(unbind(
+                &old.tiers,
+                &names.tier_queue_named(&key),
+                &key,
+                Vec::new(),
+                false,
+            ));
+        }
     }
     out.extend([
         exchange(&old.due, "fanout", None),
@@ -395,7 +405,8 @@ mod tests {
             !plan.iter().any(|d| matches!(d, Declaration::Unbinding { .. })),
             "a new install unbinds nothing: {plan:#?}"
         );
-        // a replica of before publishes into a level by the level's name of before
+        // a replica of before publishes into a level by the level's name of before, which now
+        // leads to today's level only
         let mut levelled = s.clone();
         levelled.set_exact_delays(true);
         let lines: Vec<String> = plan_ladder(&names, &levelled, v, Before::Older)
@@ -405,9 +416,14 @@ mod tests {
         for line in [
             "binding  ns.orders.tiers -> ns.delay.level-1.02s key=\"1s24ms\"",
             "unbind   ns.orders.tiers -> ns.orders.delay.1s24ms key=\"1s24ms\"",
+            "unbind   ns.orders.tiers -> ns.delay.1s24ms key=\"1s24ms\"",
         ] {
             assert!(lines.contains(&line.to_string()), "{line}\n{lines:#?}");
         }
+        assert!(
+            !lines.contains(&"unbind   ns.orders.tiers -> ns.delay.1h key=\"1h\"".to_string()),
+            "a step keeps its name: its shared tier stays bound"
+        );
         // a current ladder that gained jitter loses its step routes on N.L
         let mut jittered = s.clone();
         jittered.set_exact_delays(true);
