@@ -92,11 +92,10 @@ pub async fn record(
     unrecorded: &[String],
 ) -> Result<Registry, DriftError> {
     let mut registry = read(connection, &config.namespace).await?;
+    let prefix = format!("{}.", config.namespace);
     let older = |names: &Names| {
-        unrecorded
-            .iter()
-            .any(|l| names.exchange == format!("{}.{l}", config.namespace))
-            || crate::model::upgrade::forwards(&registry, names)
+        let ladder = names.exchange.strip_prefix(&prefix).unwrap_or_default();
+        unrecorded.iter().any(|l| l == ladder) || crate::model::upgrade::forwards(&registry, names)
     };
     let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version, older);
     // the tiers a ladder declared itself before tiers were shared, where they still exist:

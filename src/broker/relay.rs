@@ -589,10 +589,7 @@ async fn settle(
         };
         step = match (step, publish) {
             (Step::Schedule(forward), Confirmation::Ack) => {
-                let tier = match forward.kind {
-                    ForwardKind::Wait { tier } => tier,
-                    ForwardKind::Deliver => "",
-                };
+                let tier = forward.kind.tier().unwrap_or_default();
                 // the arrival's time: the publish followed it within the decision's microseconds
                 ladder.metrics.scheduled(tier, now);
                 if hop == Hop::Intake || forward.failure {

@@ -382,24 +382,16 @@ async fn declare(
     for spec in &config.ladders {
         let names = Names::of(&config.namespace, spec);
         // asked only of a ladder the stream does not know; a failure to ask ends the session
-        let mut failed = None;
-        let entry = async || match crate::broker::drift::is_fanout(connection, &names.exchange).await {
-            Ok(entry) => entry,
-            Err(e) => {
-                failed = Some(e);
-                None
-            }
-        };
-        let before = upgrade::Before::of(known, &names, spec, entry).await;
-        if let Some(e) = failed {
-            return Err(TopologyError::Broker {
+        let entry = async || crate::broker::drift::is_fanout(connection, &names.exchange).await;
+        let before = upgrade::Before::of(known, &names, spec, entry)
+            .await
+            .map_err(|e| TopologyError::Broker {
                 declaration: format!("the exchange {} as it is", names.exchange),
                 source: match e {
                     crate::broker::cancels::CancelError::Broker(source) => source,
                     other => ladder_amqp::Error::Protocol(other.to_string()),
                 },
-            });
-        }
+            })?;
         if before.moves() {
             info!(ladder = %spec.name, layout = upgrade::LAYOUT, "moving a ladder declared by an earlier release to today's layout, behind N.L.next");
         }

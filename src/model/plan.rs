@@ -323,7 +323,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
 /// each step (none for a jittered ladder, whose intake draws every delay) and to the probes
 /// queue. `retry-next: intake` needs none: what no binding matches goes to the intake, and
 /// every binding costs each failure a match.
-pub fn routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declaration> {
+fn routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declaration> {
     let mut out = Vec::new();
     if spec.spread().is_none() {
         out.extend(

@@ -85,30 +85,30 @@ impl Before {
     /// A ladder the stream knows with `N.L.next` keeps its forwarding layer for good (its `N.L`
     /// is a fanout), and every start unbinds the ways in of before again: a replica of before
     /// that restarts during a rolling deploy binds them again.
-    pub async fn of(
+    pub async fn of<E>(
         registry: Option<&Registry>,
         names: &Names,
         spec: &LadderSpec,
-        fanout_entry: impl AsyncFnOnce() -> Option<bool>,
-    ) -> Before {
+        fanout_entry: impl AsyncFnOnce() -> Result<Option<bool>, E>,
+    ) -> Result<Before, E> {
         let Some(registry) = registry.filter(|r| r.knows_queue(&names.intake_queue)) else {
-            return match fanout_entry().await {
+            return Ok(match fanout_entry().await? {
                 Some(true) => Before::Unrecorded,
                 Some(false) => Before::Current,
                 None => Before::Nothing,
-            };
+            });
         };
         let old_tiers = spec
             .tiers
             .iter()
             .any(|tier| registry.knows_queue(&names.own_tier_queue_named(&old_name(tier))));
         let forwarded = forwards(registry, names);
-        match registry.layout() {
+        Ok(match registry.layout() {
             Some(LAYOUT) if old_tiers => Before::Older,
             Some(LAYOUT) if forwarded => Before::Forwarded,
             Some(LAYOUT) => Before::Current,
             _ => Before::Older,
-        }
+        })
     }
 
     /// [`Before::Older`] when `older`, else [`Before::Nothing`]: what declares the objects of a
@@ -288,17 +288,26 @@ mod tests {
     async fn the_stream_and_the_broker_tell_how_a_ladder_was_declared() {
         let s = spec();
         let names = Names::of("ns", &s);
-        let exists = async || Some(true);
-        let absent = async || None;
-        let today = async || Some(false);
+        let exists = async || Ok::<_, ()>(Some(true));
+        let absent = async || Ok::<_, ()>(None);
+        let today = async || Ok::<_, ()>(Some(false));
         let current = registry(Some(LAYOUT), &names, &[]);
         let unrecorded = registry(None, &names, &[]);
-        assert_eq!(Before::of(Some(&current), &names, &s, absent).await, Before::Current);
-        assert_eq!(Before::of(Some(&unrecorded), &names, &s, absent).await, Before::Older);
+        assert_eq!(
+            Before::of(Some(&current), &names, &s, absent).await.unwrap(),
+            Before::Current
+        );
+        assert_eq!(
+            Before::of(Some(&unrecorded), &names, &s, absent).await.unwrap(),
+            Before::Older
+        );
         // its own tiers of before not pruned yet: a replica of before may bind them again
         let old_tier = names.own_tier_queue_named("1h");
         let draining = registry(Some(LAYOUT), &names, &[&old_tier]);
-        assert_eq!(Before::of(Some(&draining), &names, &s, absent).await, Before::Older);
+        assert_eq!(
+            Before::of(Some(&draining), &names, &s, absent).await.unwrap(),
+            Before::Older
+        );
         // recorded in today's layout, but with the forwarding layer of a fanout N.L: older for good
         let mut forwarded = registry(Some(LAYOUT), &names, &[]);
         forwarded.apply(&TopologyRecord::Declared {
@@ -316,20 +325,32 @@ mod tests {
         });
         assert!(forwards(&forwarded, &names));
         assert_eq!(
-            Before::of(Some(&forwarded), &names, &s, absent).await,
+            Before::of(Some(&forwarded), &names, &s, absent).await.unwrap(),
             Before::Forwarded
         );
         // not in the stream: 903c5df declared it (it had no stream), or nobody did
         let empty = Registry::default();
-        assert_eq!(Before::of(Some(&empty), &names, &s, exists).await, Before::Unrecorded);
-        assert_eq!(Before::of(Some(&empty), &names, &s, absent).await, Before::Nothing);
-        assert_eq!(Before::of(None, &names, &s, exists).await, Before::Unrecorded);
+        assert_eq!(
+            Before::of(Some(&empty), &names, &s, exists).await.unwrap(),
+            Before::Unrecorded
+        );
+        assert_eq!(
+            Before::of(Some(&empty), &names, &s, absent).await.unwrap(),
+            Before::Nothing
+        );
+        assert_eq!(Before::of(None, &names, &s, exists).await.unwrap(), Before::Unrecorded);
         // a stream that cannot be read, over today's N.L: today's, never a fanout declared over it
-        assert_eq!(Before::of(None, &names, &s, today).await, Before::Current);
-        assert_eq!(Before::of(Some(&empty), &names, &s, today).await, Before::Current);
+        assert_eq!(Before::of(None, &names, &s, today).await.unwrap(), Before::Current);
+        assert_eq!(
+            Before::of(Some(&empty), &names, &s, today).await.unwrap(),
+            Before::Current
+        );
         // a ladder added to a namespace already in today's layout is new
         let other = Names::new("ns", "billing");
-        assert_eq!(Before::of(Some(&current), &other, &s, absent).await, Before::Nothing);
+        assert_eq!(
+            Before::of(Some(&current), &other, &s, absent).await.unwrap(),
+            Before::Nothing
+        );
     }
 
     #[test]
