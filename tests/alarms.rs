@@ -489,7 +489,7 @@ async fn disruptive_broker_out_of_file_descriptors_refuses_then_recovers() {
     eprintln!("the broker refused a new connection: {refused}");
 
     // a second replica starts now: no connection, retries with backoff, says why
-    let second = Arc::new(ladder::broker::supervisor::State::default());
+    let second = Arc::new(ladder::broker::state::State::default());
     let stop = tokio_util::sync::CancellationToken::new();
     let replica = tokio::spawn(ladder::broker::supervisor::run(
         second_config,

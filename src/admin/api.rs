@@ -949,7 +949,7 @@ mod tests {
         let (_, snapshots) = tokio::sync::watch::channel(None);
         let state = Arc::new(AdminState::new(
             Arc::new(config),
-            Arc::new(crate::broker::supervisor::State::default()),
+            Arc::new(crate::broker::state::State::default()),
             snapshots,
         ));
         (dir, crate::admin::router::router(state))

@@ -25,9 +25,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::broker::connect as service;
 use crate::broker::holds::HoldError;
 use crate::broker::lot::{ActIndex, ErrorKind, Outcome, Page, PageRequest, ParkingError, ParkingLot, ReplayOptions};
-use crate::broker::supervisor as service;
 use crate::config::Config;
 use crate::model::cancels::Cancellation;
 use crate::model::holds::{HoldRecord, HoldState, Holds};

@@ -35,7 +35,7 @@ pub mod web;
 pub use router::{METRICS_CONTENT_TYPE, router};
 pub use state::AdminState;
 
-use crate::broker::supervisor::State;
+use crate::broker::state::State;
 use crate::config::Config;
 
 /// How often [`until_ready`] looks.
@@ -76,7 +76,7 @@ async fn refresh_drift(config: &Config, service: &State, shutdown: &Cancellation
         };
         if connection.as_ref().is_none_or(|c| !c.is_open()) {
             let name = format!("{} drift", config.amqp.connection_name);
-            connection = crate::broker::supervisor::connect_named(&config.amqp, &name).await.ok();
+            connection = crate::broker::connect::connect_named(&config.amqp, &name).await.ok();
         }
         let Some(open) = &connection else { continue };
         let version = crate::broker::topology::version_of(open);

@@ -853,7 +853,7 @@ mod tests {
 
     use super::*;
     use crate::admin::state::AdminState;
-    use crate::broker::supervisor::State;
+    use crate::broker::state::State;
 
     /// `(method, path)` of every route `router.rs` registers, read from its source: the router
     /// cannot list its routes, and a route added there without a description here must fail.

@@ -35,7 +35,8 @@ use tracing::{debug, error, info, warn};
 
 use crate::admin::history::SharedHistory;
 pub use crate::admin::snapshot::{AccountingStatus, LadderSnapshot, Rates, Snapshot};
-use crate::broker::supervisor::{self as service, State};
+use crate::broker::connect as service;
+use crate::broker::state::State;
 use crate::clock::now_ms;
 use crate::config::{AmqpConfig, Config};
 use crate::metrics::LadderMetrics;

@@ -116,7 +116,7 @@ mod tests {
     use super::*;
     use crate::admin::poller::LadderSnapshot;
     use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
-    use crate::broker::supervisor::State;
+    use crate::broker::state::State;
     use crate::model::accounting::Counters;
     use tokio::sync::watch;
 

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use crate::admin::desk::Desk;
 use crate::admin::history::{History, SharedHistory};
 use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
-use crate::broker::supervisor::State;
+use crate::broker::state::State;
 use crate::config::Config;
 use crate::model::accounting::Counters;
 use crate::model::names::Names;

@@ -464,15 +464,12 @@ impl<'a> ParkingLot<'a> {
     /// [`ParkingError::Busy`] at once.
     pub async fn lock(&self) -> Result<OperatorLock, ParkingError> {
         let name = format!("{}-lock", self.amqp.connection_name);
-        let connection = tokio::time::timeout(
-            BROKER_TIMEOUT,
-            crate::broker::supervisor::connect_named(self.amqp, &name),
-        )
-        .await
-        .map_err(|_| ParkingError::Timeout {
-            during: "connecting for the operator lock",
-            timeout: BROKER_TIMEOUT,
-        })??;
+        let connection = tokio::time::timeout(BROKER_TIMEOUT, crate::broker::connect::connect_named(self.amqp, &name))
+            .await
+            .map_err(|_| ParkingError::Timeout {
+                during: "connecting for the operator lock",
+                timeout: BROKER_TIMEOUT,
+            })??;
         let channel = bounded("opening a channel", connection.create_channel()).await?;
         let options = QueueOptions {
             exclusive: true,

@@ -2,10 +2,14 @@
 //! relay loops and their supervisor, and reading and acting on the parking lot.
 
 pub mod cancels;
+pub mod connect;
+pub mod declare;
 pub mod drift;
 pub mod holds;
 pub mod lot;
 pub mod relay;
+pub mod session;
+pub mod state;
 pub mod supervisor;
 pub mod topology;
 pub mod watchdog;

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, trace, warn};
 
 use crate::broker::relay::{Hop, LadderRuntime};
-use crate::broker::supervisor::Health;
+use crate::broker::state::Health;
 use crate::clock::now_ms;
 use crate::model::progress::{Look, Progress};
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use ladder::broker::supervisor as service;
+use ladder::broker::connect as service;
 use ladder::clock;
 use ladder::config::Config;
 use ladder::model::names::Names;

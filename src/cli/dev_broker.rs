@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use ladder::broker::supervisor as service;
+use ladder::broker::connect as service;
 use ladder::config::Config;
 use ladder_amqp::AmqpUri;
 use tracing::{debug, error, info};

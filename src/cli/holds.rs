@@ -68,7 +68,7 @@ fn time(ms: u64) -> String {
 pub async fn hold(config: &Config, args: HoldArgs) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
     let names = Names::of(&config.namespace, spec);
-    let connection = broker::supervisor::connect(&config.amqp)
+    let connection = broker::connect::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;
     let held = broker::holds::hold(&connection, &names, spec, &args.queue, &who(args.by), &args.why).await;
@@ -92,7 +92,7 @@ pub async fn resume(config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCod
         .map(|r| r.parse::<Rate>().map_err(|e| ParkingError::Invalid(e.0)))
         .transpose()?;
     let names = Names::of(&config.namespace, spec);
-    let connection = broker::supervisor::connect(&config.amqp)
+    let connection = broker::connect::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;
     let resumed = async {
@@ -117,7 +117,7 @@ pub async fn resume(config: &Config, args: ResumeArgs) -> anyhow::Result<ExitCod
 pub async fn holds(config: &Config, args: HoldsArgs) -> anyhow::Result<ExitCode> {
     let spec = super::choose_ladder(config, args.ladder.as_deref())?;
     let names = Names::of(&config.namespace, spec);
-    let connection = broker::supervisor::connect(&config.amqp)
+    let connection = broker::connect::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;
     let read = broker::holds::snapshot(&connection, &names, spec).await;

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Subcommand;
+use ladder::broker::connect as broker;
 use ladder::broker::lot::{self as parking, ParkingLot};
-use ladder::broker::supervisor as broker;
 use ladder::config::Config;
 use ladder::model::lot::record::ParkedEntry;
 use ladder::model::lot::text;

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use ladder::broker::connect as supervisor;
 use ladder::broker::drift::{self, Pruned, Survey};
-use ladder::broker::supervisor;
 use ladder::config::Config;
 use ladder::model::drift::PruneStep;
 use ladder::model::lot::text::printable;

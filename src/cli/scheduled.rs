@@ -47,7 +47,7 @@ pub async fn scheduled(config: &Config, args: ScheduledArgs) -> anyhow::Result<E
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "cli".into());
     let names = Names::of(&config.namespace, spec);
-    let connection = broker::supervisor::connect(&config.amqp)
+    let connection = broker::connect::connect(&config.amqp)
         .await
         .map_err(ParkingError::from)?;
     let cancelled = broker::cancels::cancel(&connection, &names, &message_id, &format!("cli:{by}")).await;

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ladder::admin;
-use ladder::broker::supervisor::{self as service, ApplyError, State};
+use ladder::broker::declare::{self as declaring, ApplyError};
+use ladder::broker::state::State;
+use ladder::broker::supervisor as service;
 use ladder::config::Config;
 use ladder::telemetry::{self, Telemetry};
 use tokio::net::TcpListener;
@@ -23,7 +25,7 @@ use crate::exit;
 const ADMIN_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn apply(config: &Config) -> ExitCode {
-    match service::apply(config).await {
+    match declaring::apply(config).await {
         Ok(()) => {
             info!("topology declared");
             ExitCode::SUCCESS

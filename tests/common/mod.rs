@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ladder::broker::supervisor::{self as service, State};
+use ladder::broker::state::State;
+use ladder::broker::supervisor as service;
 use ladder::broker::topology::{self, Declaration};
 use ladder::config::Config;
 use ladder::model::envelope::Envelope;

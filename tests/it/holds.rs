@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use ladder::broker::supervisor::{self as service, State};
+use ladder::broker::state::State;
+use ladder::broker::supervisor as service;
 use ladder::model::holds::HoldState;
 use ladder::model::names::Names;
 use ladder_amqp::{BasicProperties, FieldTable};

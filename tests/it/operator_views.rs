@@ -15,7 +15,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use http_body_util::BodyExt;
 use ladder::admin::{AdminState, router};
-use ladder::broker::supervisor::State;
+use ladder::broker::state::State;
 use ladder::model::envelope::{Envelope, FORMAT, OriginalMessage};
 use ladder::model::lot::record::{Action, RESOLUTION_FORMAT, Resolution};
 use ladder::model::protocol::HistoryEntry;
@@ -37,7 +37,7 @@ const DEEP_LEVELS: usize = 24_000;
 /// A ladder with its topology declared and no service running.
 async fn lot(hint: &str) -> TestLadder {
     let t = TestLadder::configure(hint, LADDER).await;
-    ladder::broker::supervisor::apply(&t.config)
+    ladder::broker::declare::apply(&t.config)
         .await
         .expect("the topology is declared");
     t

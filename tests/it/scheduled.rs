@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use ladder::broker::supervisor::{self as service, State};
+use ladder::broker::state::State;
+use ladder::broker::supervisor as service;
 use ladder_amqp::{BasicProperties, FieldTable, FieldValue};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

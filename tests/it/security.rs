@@ -445,7 +445,7 @@ async fn the_service_runs_over_tls_and_logs_in_with_its_client_certificate() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let state = Arc::new(ladder::broker::supervisor::State::default());
+    let state = Arc::new(ladder::broker::state::State::default());
     let stop = tokio_util::sync::CancellationToken::new();
     let service = tokio::spawn(ladder::broker::supervisor::run(
         config.clone(),

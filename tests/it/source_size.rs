@@ -58,3 +58,101 @@ fn the_count_skips_blank_lines_and_comments() {
         2
     );
 }
+
+/// Lines a function of src/ or amqp/ may span at most, signature to closing brace (issue 47).
+const MAX_FUNCTION_LINES: usize = 100;
+
+/// Every function and method outside test code, with the lines it spans.
+struct Functions<'a> {
+    file: &'a str,
+    found: Vec<(String, usize)>,
+}
+
+fn is_test_code(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("test")
+            || (a.path().is_ident("cfg") && a.meta.require_list().is_ok_and(|l| l.tokens.to_string() == "test"))
+    })
+}
+
+impl Functions<'_> {
+    fn record(&mut self, name: &syn::Ident, start: proc_macro2::Span, end: proc_macro2::Span) {
+        let lines = end.end().line - start.start().line + 1;
+        self.found
+            .push((format!("{}:{} {name}", self.file, start.start().line), lines));
+    }
+}
+
+impl<'ast> syn::visit::Visit<'ast> for Functions<'_> {
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        if !is_test_code(&m.attrs) {
+            syn::visit::visit_item_mod(self, m);
+        }
+    }
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if !is_test_code(&f.attrs) {
+            use syn::spanned::Spanned;
+            self.record(&f.sig.ident, f.sig.span(), f.block.brace_token.span.close());
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_code(&f.attrs) {
+            use syn::spanned::Spanned;
+            self.record(&f.sig.ident, f.sig.span(), f.block.brace_token.span.close());
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+}
+
+/// Every function of the service and its AMQP client outside tests, with its length.
+fn function_lengths() -> Vec<(String, usize)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![];
+    for dir in ["src", "amqp/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let mut all = vec![];
+    for f in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let text = std::fs::read_to_string(f).unwrap();
+        let parsed = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let name = f.strip_prefix(root).unwrap().display().to_string();
+        let mut visitor = Functions {
+            file: &name,
+            found: vec![],
+        };
+        syn::visit::Visit::visit_file(&mut visitor, &parsed);
+        all.extend(visitor.found);
+    }
+    all
+}
+
+#[test]
+fn no_function_spans_more_than_100_lines() {
+    let all = function_lengths();
+    assert!(
+        all.len() > 500,
+        "found only {} functions: the walk is broken",
+        all.len()
+    );
+    let mut over: Vec<_> = all.into_iter().filter(|(_, n)| *n > MAX_FUNCTION_LINES).collect();
+    over.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let list: Vec<String> = over.iter().map(|(f, n)| format!("{f} ({n})")).collect();
+    assert!(
+        over.is_empty(),
+        "{} functions over {MAX_FUNCTION_LINES} lines:\n{}",
+        over.len(),
+        list.join("\n")
+    );
+}
+
+#[test]
+fn the_measure_counts_a_function_from_signature_to_brace_and_skips_tests() {
+    let text = "fn a() {\n    let x = 1;\n}\n#[cfg(test)]\nmod tests {\n    fn b() {}\n}\nimpl S {\n    #[test]\n    fn c() {}\n    fn d(\n    ) {}\n}\n";
+    let mut v = Functions {
+        file: "f.rs",
+        found: vec![],
+    };
+    syn::visit::Visit::visit_file(&mut v, &syn::parse_file(text).unwrap());
+    assert_eq!(v.found, vec![("f.rs:1 a".to_string(), 3), ("f.rs:11 d".to_string(), 2)]);
+}

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::common::*;
-use ladder::broker::supervisor::State;
+use ladder::broker::state::State;
 use ladder::telemetry::Telemetry;
 use ladder_amqp::{BasicProperties, FieldTable, FieldValue};
 use opentelemetry::Value;

@@ -1,0 +1,509 @@
+//! One session: a connection's life. It connects, declares the topology, reads the cancellation
+//! and hold streams, runs every loop of every ladder and their helpers in one task set, and ends
+//! through one teardown: drained at shutdown, or at the first failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ladder_amqp::Connection;
+use tokio::sync::oneshot;
+use tokio::task::{JoinError, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::broker::connect::{BlockedWatch, CLOSE_TIMEOUT, close, connect_from};
+use crate::broker::declare::{MIGRATED_READ, declare, look_at_drift};
+use crate::broker::relay::{self, Drained, Hop, LadderRuntime, RelayError};
+use crate::broker::state::{DISCONNECTED, State};
+use crate::broker::topology::{Names, TopologyError};
+use crate::config::Config;
+
+/// Why a session ended before shutdown.
+pub(crate) enum SessionError {
+    /// The broker holds objects that contradict the config; reconnecting would not help.
+    Fatal(TopologyError),
+    /// `broker`: the index of the broker the session served on, if it got that far.
+    Retry { error: String, broker: Option<usize> },
+}
+
+/// How long a session waits for every ladder's cancellation stream to be read before it gives
+/// up and reconnects (the stream holds at most 49 days of cancellations: a few thousand records
+/// read in well under a second).
+const CANCELS_CATCH_UP: Duration = Duration::from_secs(30);
+
+/// How often the session looks whether the followers caught up.
+const CANCELS_POLL: Duration = Duration::from_millis(10);
+
+/// What one task of a session is, so that its end is read for what it means.
+enum Ended {
+    /// A relay loop: drained at shutdown, or failed.
+    Relay(Result<Drained, RelayError>),
+    /// A stream follower or the watchdog: it ends only when told to, or failing.
+    Follower(Result<(), String>),
+    /// A releaser, or the drain of a retired due queue: it logs its own failures.
+    Helper,
+}
+
+/// Why a task's end ends the session; `None` for a task that may end.
+fn failure(joined: Result<Ended, JoinError>) -> Option<String> {
+    match joined {
+        Ok(Ended::Relay(Ok(_)) | Ended::Helper) => None,
+        Ok(Ended::Relay(Err(e))) => Some(e.to_string()),
+        Ok(Ended::Follower(Ok(()))) => Some("a stream follower stopped".to_string()),
+        Ok(Ended::Follower(Err(e))) => Some(e),
+        Err(panic) => Some(format!("a session task failed: {panic}")),
+    }
+}
+
+/// A session's connection and the one set of tasks that serve on it.
+struct Session<'a> {
+    config: &'a Config,
+    ladders: &'a [Arc<LadderRuntime>],
+    state: &'a Arc<State>,
+    connection: Connection,
+    /// The index of the broker `connection` is open to.
+    broker: usize,
+    tasks: JoinSet<Ended>,
+    /// Relay loops still running: the session has drained when none is left.
+    relays: usize,
+    /// Stops the followers, the releasers and the watchdog once the relay loops have drained.
+    follow_stop: CancellationToken,
+}
+
+/// One connection's life: connect, declare, serve, and end on shutdown or on the first failure.
+pub(crate) async fn serve(
+    config: &Config,
+    ladders: &[Arc<LadderRuntime>],
+    state: &Arc<State>,
+    shutdown: &CancellationToken,
+    first_broker: usize,
+) -> Result<(), SessionError> {
+    let connected = tokio::select! {
+        connected = connect_from(&config.amqp, &config.amqp.connection_name, first_broker) => connected,
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    let (connection, broker) = connected.map_err(|e| SessionError::Retry {
+        error: e.to_string(),
+        broker: None,
+    })?;
+    let _blocked = BlockedWatch::start(&connection, state);
+    let version = connection.server_version().map(|(a, b, c)| format!("{a}.{b}.{c}"));
+    info!(url = %config.amqp.urls[broker], broker_version = version.as_deref().unwrap_or("unknown"), "connected");
+    let mut session = Session {
+        config,
+        ladders,
+        state,
+        connection,
+        broker,
+        tasks: JoinSet::new(),
+        relays: 0,
+        follow_stop: CancellationToken::new(),
+    };
+    let served = session.run(shutdown).await;
+    session.end(served).await
+}
+
+impl Session<'_> {
+    fn retry(&self, error: String) -> SessionError {
+        SessionError::Retry {
+            error,
+            broker: Some(self.broker),
+        }
+    }
+
+    /// Declares, reads the streams, starts every loop and serves until the loops have drained
+    /// at shutdown (`Some(abandoned)`) or shutdown came before serving (`None`).
+    async fn run(&mut self, shutdown: &CancellationToken) -> Result<Option<usize>, SessionError> {
+        let started = std::time::Instant::now();
+        self.declare().await?;
+        debug!(took = ?started.elapsed(), "topology declared");
+        // every ladder's cancellations and holds are read before any loop may deliver what they
+        // cancel or hold
+        self.follow_streams();
+        if !self.catch_up(shutdown).await? {
+            return Ok(None);
+        }
+        debug!(took = ?started.elapsed(), "cancellation and hold streams read");
+        self.start_releasers();
+        let subscriptions = self.start_relays(shutdown);
+        self.start_drainers(shutdown);
+        self.serve_until_drained(subscriptions, shutdown).await.map(Some)
+    }
+
+    /// The one teardown: what still runs stops (aborted after a failure), the connection
+    /// closes, and a drained shutdown says whether the grace period sufficed.
+    async fn end(mut self, served: Result<Option<usize>, SessionError>) -> Result<(), SessionError> {
+        self.state.health.set_ready(false);
+        if !matches!(served, Ok(Some(_))) {
+            self.tasks.abort_all();
+        }
+        self.follow_stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        match served {
+            Ok(Some(abandoned)) if abandoned > 0 => error!(
+                abandoned,
+                "shutdown grace period ran out; the broker will redeliver the unsettled messages"
+            ),
+            Ok(Some(_)) => info!("drained; every delivery in flight was settled"),
+            _ => {}
+        }
+        close(&self.connection).await;
+        served.map(|_| ())
+    }
+
+    /// Declares the topology and looks at its drift; a conflict is fatal, anything else is
+    /// tried again on a new connection.
+    async fn declare(&self) -> Result<(), SessionError> {
+        // what the namespace declared before: as this process last saw it, or read once at its
+        // first session (a reconnect must not wait for a stream)
+        let seen = self
+            .state
+            .drift
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|seen| seen.registry.clone());
+        let known = match seen {
+            Some(registry) => Some(registry),
+            None => tokio::time::timeout(
+                MIGRATED_READ,
+                crate::broker::drift::read(&self.connection, &self.config.namespace),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok),
+        };
+        match declare(&self.connection, self.config, known.as_ref()).await {
+            Ok(applied) => {
+                look_at_drift(&self.connection, self.config, self.state, applied).await;
+                Ok(())
+            }
+            Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict)),
+            Err(other) => Err(self.retry(other.to_string())),
+        }
+    }
+
+    /// Starts the followers of every ladder's cancellation stream (exact delays only) and
+    /// hold stream.
+    fn follow_streams(&mut self) {
+        for ladder in self.ladders.iter().filter(|l| l.spec.exact_delays) {
+            let span = info_span!("cancels", ladder = %ladder.spec.name);
+            let (ladder, connection, stop) = (ladder.clone(), self.connection.clone(), self.follow_stop.clone());
+            self.tasks.spawn(
+                async move {
+                    let followed =
+                        crate::broker::cancels::follow(&connection, &ladder.names, &ladder.cancels, &stop).await;
+                    Ended::Follower(followed.map_err(|e| format!("cannot follow the cancellations: {e}")))
+                }
+                .instrument(span),
+            );
+        }
+        for ladder in self.ladders {
+            let span = info_span!("holds", ladder = %ladder.spec.name);
+            let (ladder, connection, stop) = (ladder.clone(), self.connection.clone(), self.follow_stop.clone());
+            self.tasks.spawn(
+                async move {
+                    let followed = crate::broker::holds::follow(
+                        &connection,
+                        &ladder.names,
+                        &ladder.spec,
+                        &ladder.holds,
+                        Some(&ladder.metrics.holds),
+                        Some(&ladder.holds_changed),
+                        &stop,
+                    )
+                    .await;
+                    Ended::Follower(followed.map_err(|e| format!("cannot follow the holds: {e}")))
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// Waits until every follower has read its stream: `Ok(false)` when shutdown comes first.
+    async fn catch_up(&mut self, shutdown: &CancellationToken) -> Result<bool, SessionError> {
+        let (ladders, connection) = (self.ladders, &self.connection);
+        // the followers' markers are publishes: while the broker blocks them (a resource alarm)
+        // the catch-up waits for the alarm instead of timing out into a reconnect that would be
+        // blocked too
+        let caught_up = async {
+            let mut deadline = tokio::time::Instant::now() + CANCELS_CATCH_UP;
+            while !ladders
+                .iter()
+                .filter(|l| l.spec.exact_delays)
+                .all(|l| l.cancels.caught_up())
+                || !ladders.iter().all(|l| l.holds.caught_up())
+            {
+                if connection.is_blocked() {
+                    deadline = tokio::time::Instant::now() + CANCELS_CATCH_UP;
+                } else if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "the cancellation and hold streams were not read within {CANCELS_CATCH_UP:?}"
+                    ));
+                }
+                tokio::time::sleep(CANCELS_POLL).await;
+            }
+            Ok(())
+        };
+        let reading = tokio::select! {
+            done = caught_up => done,
+            Some(joined) = self.tasks.join_next() => Err(failure(joined).unwrap_or_else(|| "a stream follower stopped".to_string())),
+            () = shutdown.cancelled() => return Ok(false),
+        };
+        reading.map(|()| true).map_err(|e| self.retry(e))
+    }
+
+    /// The releasers: resumed destinations drain, the automatic hold polls.
+    fn start_releasers(&mut self) {
+        for ladder in self.ladders {
+            let span = info_span!("releaser", ladder = %ladder.spec.name);
+            let (ladder, connection, stop) = (ladder.clone(), self.connection.clone(), self.follow_stop.clone());
+            self.tasks.spawn(
+                async move {
+                    crate::broker::holds::run_releaser(connection, ladder, stop).await;
+                    Ended::Helper
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// Starts one relay loop of `hop` of `ladder`, on `queue` instead of the hop's own queue
+    /// when given; the receiver hears once it consumes.
+    fn start_relay(
+        &mut self,
+        hop: Hop,
+        queue: Option<String>,
+        ladder: &Arc<LadderRuntime>,
+        shutdown: &CancellationToken,
+    ) -> oneshot::Receiver<()> {
+        let (ladder, connection, stop) = (ladder.clone(), self.connection.clone(), shutdown.clone());
+        let grace = self.config.shutdown_grace;
+        let (subscribed, is_subscribed) = oneshot::channel();
+        self.relays += 1;
+        // Not in a span: a span is entered and left on every poll of the loop, i.e. for every
+        // delivery and confirm; the loop's events name their ladder and hop instead.
+        self.tasks.spawn(async move {
+            Ended::Relay(
+                relay::serve_on(
+                    hop,
+                    queue.as_deref(),
+                    ladder,
+                    &connection,
+                    stop,
+                    grace,
+                    Some(subscribed),
+                )
+                .await,
+            )
+        });
+        is_subscribed
+    }
+
+    /// Every ladder's hops, each ladder's probes queue, and `N.stray`.
+    fn start_relays(&mut self, shutdown: &CancellationToken) -> Vec<oneshot::Receiver<()>> {
+        let mut subscriptions = Vec::new();
+        let ladders = self.ladders;
+        for ladder in ladders {
+            for hop in Hop::ALL {
+                subscriptions.push(self.start_relay(hop, None, ladder, shutdown));
+            }
+            // failed probes of the automatic hold, served by the intake hop on their own queue:
+            // no backlog of the intake delays what the hold waits to hear
+            subscriptions.push(self.start_relay(Hop::Intake, Some(ladder.names.probes.clone()), ladder, shutdown));
+        }
+        // what a shared tier dead-lettered for no ladder served here: the first ladder's due hop
+        // checks it as its own (and parks what has no destination or is not allowed)
+        if let Some(first) = ladders.first() {
+            subscriptions.push(self.start_relay(Hop::Due, Some(first.names.stray.clone()), first, shutdown));
+        }
+        subscriptions
+    }
+
+    /// The due queues of ladders no ladder file names any more: what waited in their tiers
+    /// still comes due there (`N.due` routes it by its `retry-ladder`), and is drained by the
+    /// first ladder's due hop as `N.stray` is, until each is empty (then `ladder prune` may
+    /// remove it).
+    fn start_drainers(&mut self, shutdown: &CancellationToken) {
+        let Some(first) = self.ladders.first() else { return };
+        for queue in retired_due_queues(self.state) {
+            let span = info_span!("retired", queue = %queue);
+            let drain = drain_retired(
+                queue,
+                first.clone(),
+                self.connection.clone(),
+                shutdown.clone(),
+                self.config.shutdown_grace,
+            );
+            self.tasks.spawn(
+                async move {
+                    drain.await;
+                    Ended::Helper
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// Serves until every relay loop has drained at shutdown, returning how many deliveries
+    /// the grace period abandoned; ready once every loop consumes, watched from then on.
+    async fn serve_until_drained(
+        &mut self,
+        subscriptions: Vec<oneshot::Receiver<()>>,
+        shutdown: &CancellationToken,
+    ) -> Result<usize, SessionError> {
+        let all_subscribed = async {
+            for s in subscriptions {
+                if s.await.is_err() {
+                    return false;
+                }
+            }
+            true
+        };
+        let mut ready_pending = Box::pin(all_subscribed);
+        let mut waiting_ready = true;
+        let mut abandoned = 0;
+        while self.relays > 0 {
+            let joined = tokio::select! {
+                ready = &mut ready_pending, if waiting_ready => {
+                    waiting_ready = false;
+                    if ready {
+                        self.become_ready(shutdown);
+                    }
+                    continue;
+                }
+                Some(joined) = self.tasks.join_next() => joined,
+            };
+            if let Ok(Ended::Relay(Ok(drained))) = &joined {
+                self.relays -= 1;
+                abandoned += drained.abandoned;
+            } else if let Some(failure) = failure(joined) {
+                // the connection is suspect: every loop is dropped (their unacked deliveries
+                // return to the queues when the connection closes) and the session starts over
+                return Err(self.retry(failure));
+            }
+        }
+        Ok(abandoned)
+    }
+
+    /// Every loop consumes: ready, and from now on a hop that stops moving with work waiting
+    /// ends the session (the watchdog).
+    fn become_ready(&mut self, shutdown: &CancellationToken) {
+        let health = &self.state.health;
+        health.clear_reason(DISCONNECTED);
+        health.set_stalled(None);
+        health.set_ready(true);
+        info!(ladders = self.ladders.len(), "ready");
+        let (ladders, connection, stop, state) = (
+            self.ladders.to_vec(),
+            self.connection.clone(),
+            self.follow_stop.clone(),
+            self.state.clone(),
+        );
+        let (stall_timeout, shutdown) = (self.config.amqp.stall_timeout, shutdown.clone());
+        // the namespace's, whatever its ladders; none to watch without a ladder
+        let heartbeat = (!ladders.is_empty()).then(|| Names::new(&self.config.namespace, "").watchdog);
+        self.tasks.spawn(
+            async move {
+                let watched = crate::broker::watchdog::watch(
+                    &connection,
+                    heartbeat.as_deref(),
+                    &ladders,
+                    &state.health,
+                    stall_timeout,
+                    &stop,
+                    &shutdown,
+                )
+                .await;
+                Ended::Follower(watched)
+            }
+            .instrument(info_span!("watchdog")),
+        );
+    }
+}
+
+/// How often a retired ladder's due queue is looked at for messages to drain.
+const RETIRED_LOOK: Duration = Duration::from_secs(2);
+
+/// The due queues (`N.L.due`) of the retired ladders the latest drift survey found.
+fn retired_due_queues(state: &State) -> Vec<String> {
+    let seen = state
+        .drift
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    seen.map(|seen| {
+        seen.survey
+            .retired
+            .iter()
+            .filter(|r| r.ladder_retired && r.kind == crate::model::drift::Kind::Queue && r.role == "due")
+            .map(|r| r.name.clone())
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Drains the due queue of a retired ladder through `ladder`'s due hop (its checks, as for
+/// `N.stray`) whenever it holds messages, and lets go of it once it is empty, so that a
+/// consumer does not keep `ladder prune` from deleting it. Ends when the queue is gone or at
+/// shutdown; a failure of its own is logged, never the session's.
+async fn drain_retired(
+    queue: String,
+    ladder: Arc<LadderRuntime>,
+    connection: Connection,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let depth = async |queue: &str| -> Option<u32> {
+        let channel = tokio::time::timeout(CLOSE_TIMEOUT, connection.create_channel())
+            .await
+            .ok()?
+            .ok()?;
+        let info = tokio::time::timeout(CLOSE_TIMEOUT, channel.queue_inspect(queue))
+            .await
+            .ok()?;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "looked")).await;
+        info.ok().map(|i| i.message_count)
+    };
+    loop {
+        match depth(&queue).await {
+            // gone (pruned), or the connection is: the next session looks again
+            None => return,
+            Some(0) => {}
+            Some(waiting) => {
+                info!(queue, waiting, "draining the due queue of a retired ladder");
+                let stop = shutdown.child_token();
+                let serve = crate::broker::relay::serve_on(
+                    Hop::Due,
+                    Some(&queue),
+                    ladder.clone(),
+                    &connection,
+                    stop.clone(),
+                    grace,
+                    None,
+                );
+                let watch = async {
+                    // two looks in a row that find it empty: let go
+                    let mut empty = 0;
+                    while empty < 2 {
+                        tokio::time::sleep(RETIRED_LOOK).await;
+                        empty = if depth(&queue).await == Some(0) { empty + 1 } else { 0 };
+                    }
+                    stop.cancel();
+                    std::future::pending::<()>().await
+                };
+                tokio::select! {
+                    served = serve => if let Err(e) = served {
+                        warn!(queue, error = %e, "draining a retired ladder's due queue stopped");
+                        return;
+                    },
+                    () = watch => {}
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RETIRED_LOOK) => {}
+        }
+    }
+}
