@@ -453,236 +453,306 @@ async fn settle(
     delivery: &Delivery,
     routed: Option<&protocol::RoutedFailure>,
 ) -> ladder_amqp::Result<()> {
-    let metrics = ladder.metrics.hop(hop);
     let now = now_ms();
-    let props = &delivery.properties;
     let trace = ladder.telemetry.start_hop(
         hop,
         &ladder.names,
         &ladder.spec.name,
-        props,
+        &delivery.properties,
         delivery.body.len(),
         now,
         routed,
     );
-    // The decision and what it needs live in a block of their own, which ends before the first
-    // wait: what a future holds across a wait is kept for as long as the delivery is in flight,
-    // and this one is allocated per delivery. `Err`: a delivery that needs a slot of its
-    // destination first.
-    let mut step = {
-        let entering = {
-            let arrival = Arrival {
-                now_ms: now,
-                routing_key: delivery.routing_key.as_bytes(),
-                // only a ladder with a spread draws (a thread-local draw per retry otherwise
-                // thrown away): at the intake, and at the due hop for a repeat failure routed
-                // there all the same (routed before the ladder had jitter)
-                draw: if (hop == Hop::Intake || routed.is_some()) && ladder.spec.spread().is_some() {
-                    fastrand::f64()
-                } else {
-                    0.5
-                },
-                cancelled: ladder.cancelled(props),
-            };
-            let decide = |props| match hop {
-                Hop::Intake => ladder.context().intake_at(props, &arrival),
-                Hop::Due => ladder.context().due_at(props, &arrival),
-                Hop::Quarantine => Decision::Park(ladder.context().dead_lettered(props)),
-            };
-            let decision = match &delivery.undecodable {
-                None => decide(props),
-                // parked as the bytes received; the shallow headers still say where it was headed
-                Some(raw) => Decision::Park(protocol::undecodable(&raw.error, raw.lossy.as_ref().map(decide))),
-            };
-            if let Some(trace) = &trace {
-                trace.decided(&decision, props);
-            }
-            if let Decision::Forward(forward) = &decision
-                && forward.failure
-                && forward.attempt >= 2
-            {
-                // a repeat failure the broker routed past the intake: its destination failed
-                ladder.failed_at(&forward.destination, props, now);
-            }
-            match decision {
-                Decision::Forward(forward)
-                    if matches!(forward.kind, ForwardKind::Deliver)
-                        && forward.exchange.is_empty()
-                        && ladder.holds.holds_back(&forward.destination) =>
-                {
-                    Ok(Step::Hold(forward))
-                }
-                Decision::Forward(forward) if matches!(forward.kind, ForwardKind::Deliver) => Err(forward),
-                Decision::Forward(forward) => {
-                    // a retry of a message the due hop delivered: a failure of its destination
-                    if hop == Hop::Intake && forward.attempt >= 2 {
-                        ladder.failed_at(&forward.destination, props, now);
-                    }
-                    Ok(Step::Schedule(forward))
-                }
-                Decision::Park(park) => {
-                    if (hop == Hop::Intake || hop == Hop::Due && park.attempts.is_some())
-                        && park.reason == ParkReason::MaxAttempts
-                        && let Some(destination) = &park.destination
-                    {
-                        ladder.failed_at(destination, props, now);
-                    }
-                    Ok(Step::Park(park))
-                }
-            }
-        };
-        match entering {
-            Ok(step) => step,
-            Err(forward) => match gate.enter(&forward.destination).await {
-                Some(permit) => Step::Deliver(forward, permit),
-                None => Step::Defer(DeferReason::Busy, forward.failure.then_some(forward)),
-            },
-        }
-    };
     let trace = trace.as_ref();
+    let mut step = match decide(hop, ladder, delivery, routed, now, trace) {
+        Ok(step) => step,
+        Err(forward) => match gate.enter(&forward.destination).await {
+            Some(permit) => Step::Deliver(forward, permit),
+            None => Step::Defer(DeferReason::Busy, forward.failure.then_some(forward)),
+        },
+    };
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
-    let mut refused = None;
     let mut deferred_due_ms = 0;
     loop {
-        let publish = match &step {
-            // each publish is bound before its wait: a `?` on the wait's expression would keep
-            // its own copy of the wait in the future, beside the wait
-            Step::Schedule(forward) | Step::Deliver(forward, _) => {
-                let confirmed = publish_forward(
-                    channel,
-                    trace,
-                    &forward.exchange,
-                    &forward.routing_key,
-                    delivery,
-                    forward,
-                )?;
-                confirmed.await?
-            }
-            Step::Hold(forward) => {
-                let confirmed = {
-                    let queue = ladder.names.held_queue(&forward.destination);
-                    publish_forward(channel, trace, "", &queue, delivery, forward)?
-                };
-                confirmed.await?
-            }
-            Step::Defer(reason, from) => {
-                // made and published in a block of its own, so it is not kept across the wait
-                let confirmed = {
-                    let forward = match from {
-                        Some(from) => ladder.context().defer(&from.full_properties(props), *reason, now_ms()),
-                        None => ladder.context().defer(props, *reason, now_ms()),
-                    };
-                    deferred_due_ms = forward.due_at_ms;
-                    publish_forward(
-                        channel,
-                        trace,
-                        &forward.exchange,
-                        &forward.routing_key,
-                        delivery,
-                        &forward,
-                    )?
-                };
-                confirmed.await?
-            }
-            // boxed: parking is rare, and its state would make every delivery's future larger
-            Step::Park(park) => Box::pin(park_one(hop, ladder, channel, delivery, park, trace)).await?,
-        };
-        step = match (step, publish) {
-            (Step::Schedule(forward), Confirmation::Ack) => {
-                let tier = forward.kind.tier().unwrap_or_default();
-                // the arrival's time: the publish followed it within the decision's microseconds
-                ladder.metrics.scheduled(tier, now);
-                if hop == Hop::Intake || forward.failure {
-                    // a wait begins (the due hop's waits are the next legs of the same one)
-                    ladder.breaker().scheduled(&forward.destination, forward.due_at_ms, now);
-                }
-                debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
-                       tier, trace_id = %trace_id(trace), "scheduled");
-                return Ok(());
-            }
-            (Step::Hold(forward), Confirmation::Ack) => {
-                ladder.metrics.holds.held_messages.inc();
-                debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
-                       trace_id = %trace_id(trace), "held");
-                return Ok(());
-            }
-            (Step::Deliver(forward, _permit), Confirmation::Ack) => {
-                ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
-                ladder
-                    .deliveries
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .delivered(&forward.destination, now);
-                debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
-                       late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
-                return Ok(());
-            }
-            (Step::Defer(reason, _), Confirmation::Ack) => {
-                ladder.metrics.deferred(reason);
-                if let Some(destination) = props
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(protocol::header::RETRY_TO))
-                    .and_then(protocol::as_text)
-                {
-                    ladder.breaker().scheduled(destination, deferred_due_ms, now_ms());
-                }
-                return Ok(());
-            }
-            (Step::Park(_), Confirmation::Ack) => return Ok(()),
-            (Step::Hold(forward), Confirmation::Returned(_)) => {
-                // no held queue: deleted after its release ended and this replica has not read
-                // the end yet (or deleted by hand). Not parked: it waits in the shortest tier
-                // and is decided again, by then on the stream's word
-                debug!(ladder = %ladder.spec.name, destination = %forward.destination, "the held queue is gone; deferring");
-                Step::Defer(DeferReason::Busy, forward.failure.then_some(forward))
-            }
-            (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
-                metrics.returned.inc();
-                Step::Park(protocol::no_route(
-                    hop,
-                    &delivery.properties,
-                    &forward,
-                    returned.reply_code,
-                    &returned.reply_text,
-                ))
-            }
-            (Step::Defer(_, _), Confirmation::Returned(returned)) => {
-                metrics.returned.inc();
-                let forward = ladder.context().defer(props, DeferReason::Busy, now);
-                Step::Park(protocol::no_route(
-                    hop,
-                    &delivery.properties,
-                    &forward,
-                    returned.reply_code,
-                    &returned.reply_text,
-                ))
-            }
-            (Step::Deliver(forward, permit), Confirmation::Nack | Confirmation::NotRequested) => {
-                // the destination refused it: back into a tier, not held here
-                drop(permit);
-                gate.log_refusal(&ladder.spec.name, &forward.destination, || trace_id(trace));
-                if let Some(trace) = trace {
-                    trace.failed("destination-refused");
-                }
-                Step::Defer(DeferReason::Refused, forward.failure.then_some(forward))
-            }
-            (step, Confirmation::Nack | Confirmation::NotRequested | Confirmation::Returned(_)) => {
-                // a tier or the parking lot refused it: the broker is in trouble, hold and retry
-                metrics.publish_failures.inc();
-                if let Some(trace) = trace {
-                    trace.failed("publish-refused");
-                }
+        let confirmation = publish(hop, ladder, channel, delivery, &step, &mut deferred_due_ms, trace).await?;
+        step = match account(
+            hop,
+            ladder,
+            gate,
+            delivery,
+            step,
+            confirmation,
+            deferred_due_ms,
+            now,
+            trace,
+        ) {
+            Next::Settled => return Ok(()),
+            Next::Publish(step) => step,
+            Next::Refused(step) => {
                 let pause = backoff.next_wait();
                 warn!(ladder = %ladder.spec.name, %hop, retry_in = ?pause, "broker refused a publish; holding the delivery and publishing again");
-                refused = Some(pause);
+                Box::pin(tokio::time::sleep(pause)).await;
                 step
             }
         };
-        // the pause outside the match, which would keep its (step, confirmation) across it
-        if let Some(pause) = refused.take() {
-            Box::pin(tokio::time::sleep(pause)).await;
+    }
+}
+
+/// What the ladder decides for a delivery, as the step that publishes it; `Err`: a delivery
+/// that needs a slot of its destination first. Done before the first wait: what a future holds
+/// across a wait is kept for as long as the delivery is in flight.
+fn decide<'a>(
+    hop: Hop,
+    ladder: &'a LadderRuntime,
+    delivery: &Delivery,
+    routed: Option<&protocol::RoutedFailure>,
+    now: u64,
+    trace: Option<&HopTrace>,
+) -> Result<Step<'a>, Box<Forward<'a>>> {
+    let props = &delivery.properties;
+    let arrival = Arrival {
+        now_ms: now,
+        routing_key: delivery.routing_key.as_bytes(),
+        // only a ladder with a spread draws (a thread-local draw per retry otherwise thrown
+        // away): at the intake, and at the due hop for a repeat failure routed there
+        draw: if (hop == Hop::Intake || routed.is_some()) && ladder.spec.spread().is_some() {
+            fastrand::f64()
+        } else {
+            0.5
+        },
+        cancelled: ladder.cancelled(props),
+    };
+    let decide = |props| match hop {
+        Hop::Intake => ladder.context().intake_at(props, &arrival),
+        Hop::Due => ladder.context().due_at(props, &arrival),
+        Hop::Quarantine => Decision::Park(ladder.context().dead_lettered(props)),
+    };
+    let decision = match &delivery.undecodable {
+        None => decide(props),
+        // parked as the bytes received; the shallow headers still say where it was headed
+        Some(raw) => Decision::Park(protocol::undecodable(&raw.error, raw.lossy.as_ref().map(decide))),
+    };
+    if let Some(trace) = trace {
+        trace.decided(&decision, props);
+    }
+    if let Some(destination) = failed_destination(hop, &decision) {
+        ladder.failed_at(destination, props, now);
+    }
+    match decision {
+        Decision::Forward(forward) if matches!(forward.kind, ForwardKind::Deliver) => {
+            if forward.exchange.is_empty() && ladder.holds.holds_back(&forward.destination) {
+                Ok(Step::Hold(forward))
+            } else {
+                Err(forward)
+            }
         }
+        Decision::Forward(forward) => Ok(Step::Schedule(forward)),
+        Decision::Park(park) => Ok(Step::Park(park)),
+    }
+}
+
+/// The one place the breaker hears of a failure: the destination of a message it was
+/// delivered (a repeat failure, attempt 2 on) failed when that failure is scheduled at the
+/// intake, taken in at the due hop where the broker routed it past the intake, or parked for
+/// its last attempt.
+fn failed_destination<'d>(hop: Hop, decision: &'d Decision<'_>) -> Option<&'d str> {
+    match decision {
+        Decision::Forward(forward)
+            if forward.attempt >= 2
+                && (forward.failure || hop == Hop::Intake && !matches!(forward.kind, ForwardKind::Deliver)) =>
+        {
+            Some(&forward.destination)
+        }
+        Decision::Park(park)
+            if park.reason == ParkReason::MaxAttempts
+                && (hop == Hop::Intake || hop == Hop::Due && park.attempts.is_some()) =>
+        {
+            park.destination.as_deref()
+        }
+        _ => None,
+    }
+}
+
+/// Publishes `step` and waits for the broker's word on it. A deferral's wait is made here, and
+/// when it is due goes to `deferred_due_ms`.
+async fn publish(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    channel: &Channel,
+    delivery: &Delivery,
+    step: &Step<'_>,
+    deferred_due_ms: &mut u64,
+    trace: Option<&HopTrace>,
+) -> ladder_amqp::Result<Confirmation> {
+    // each publish is bound before its wait: a `?` on the wait's expression would keep its own
+    // copy of the wait in the future, beside the wait
+    let confirmed = match step {
+        Step::Schedule(forward) | Step::Deliver(forward, _) => publish_forward(
+            channel,
+            trace,
+            &forward.exchange,
+            &forward.routing_key,
+            delivery,
+            forward,
+        )?,
+        Step::Hold(forward) => {
+            let queue = ladder.names.held_queue(&forward.destination);
+            publish_forward(channel, trace, "", &queue, delivery, forward)?
+        }
+        Step::Defer(reason, from) => {
+            let props = &delivery.properties;
+            let forward = match from {
+                Some(from) => ladder.context().defer(&from.full_properties(props), *reason, now_ms()),
+                None => ladder.context().defer(props, *reason, now_ms()),
+            };
+            *deferred_due_ms = forward.due_at_ms;
+            publish_forward(
+                channel,
+                trace,
+                &forward.exchange,
+                &forward.routing_key,
+                delivery,
+                &forward,
+            )?
+        }
+        // boxed: parking is rare, and its state would make every delivery's future larger
+        Step::Park(park) => return Box::pin(park_one(hop, ladder, channel, delivery, park, trace)).await,
+    };
+    confirmed.await
+}
+
+/// What comes after a publish the broker answered.
+enum Next<'a> {
+    /// Confirmed: the delivery may be acked.
+    Settled,
+    /// Another publish replaces it at once (a deferral, or a park).
+    Publish(Step<'a>),
+    /// The broker refused it: published again after a pause.
+    Refused(Step<'a>),
+}
+
+/// Counts a publish the broker answered with `confirmation`, and says what comes next.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the delivery's whole context, borrowed from the loop"
+)]
+fn account<'a>(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    gate: &DestinationGate,
+    delivery: &Delivery,
+    step: Step<'a>,
+    confirmation: Confirmation,
+    deferred_due_ms: u64,
+    now: u64,
+    trace: Option<&HopTrace>,
+) -> Next<'a> {
+    let metrics = ladder.metrics.hop(hop);
+    match (step, confirmation) {
+        (step, Confirmation::Ack) => {
+            confirmed(hop, ladder, delivery, &step, deferred_due_ms, now, trace);
+            Next::Settled
+        }
+        (Step::Hold(forward), Confirmation::Returned(_)) => {
+            // no held queue: deleted after its release ended and this replica has not read the
+            // end yet (or deleted by hand). Not parked: it waits in the shortest tier and is
+            // decided again, by then on the stream's word
+            debug!(ladder = %ladder.spec.name, destination = %forward.destination, "the held queue is gone; deferring");
+            Next::Publish(Step::Defer(DeferReason::Busy, forward.failure.then_some(forward)))
+        }
+        (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
+            metrics.returned.inc();
+            let park = protocol::no_route(
+                hop,
+                &delivery.properties,
+                &forward,
+                returned.reply_code,
+                &returned.reply_text,
+            );
+            Next::Publish(Step::Park(park))
+        }
+        (Step::Defer(_, _), Confirmation::Returned(returned)) => {
+            metrics.returned.inc();
+            let forward = ladder.context().defer(&delivery.properties, DeferReason::Busy, now);
+            let park = protocol::no_route(
+                hop,
+                &delivery.properties,
+                &forward,
+                returned.reply_code,
+                &returned.reply_text,
+            );
+            Next::Publish(Step::Park(park))
+        }
+        (Step::Deliver(forward, permit), Confirmation::Nack | Confirmation::NotRequested) => {
+            // the destination refused it: back into a tier, not held here
+            drop(permit);
+            gate.log_refusal(&ladder.spec.name, &forward.destination, || trace_id(trace));
+            if let Some(trace) = trace {
+                trace.failed("destination-refused");
+            }
+            Next::Publish(Step::Defer(DeferReason::Refused, forward.failure.then_some(forward)))
+        }
+        (step, Confirmation::Nack | Confirmation::NotRequested | Confirmation::Returned(_)) => {
+            // a tier or the parking lot refused it: the broker is in trouble, hold and retry
+            metrics.publish_failures.inc();
+            if let Some(trace) = trace {
+                trace.failed("publish-refused");
+            }
+            Next::Refused(step)
+        }
+    }
+}
+
+/// Counts a confirmed publish: a wait begun, a message held, delivered or deferred.
+fn confirmed(
+    hop: Hop,
+    ladder: &LadderRuntime,
+    delivery: &Delivery,
+    step: &Step<'_>,
+    deferred_due_ms: u64,
+    now: u64,
+    trace: Option<&HopTrace>,
+) {
+    match step {
+        Step::Schedule(forward) => {
+            let tier = forward.kind.tier().unwrap_or_default();
+            // the arrival's time: the publish followed it within the decision's microseconds
+            ladder.metrics.scheduled(tier, now);
+            if hop == Hop::Intake || forward.failure {
+                // a wait begins (the due hop's waits are the next legs of the same one)
+                ladder.breaker().scheduled(&forward.destination, forward.due_at_ms, now);
+            }
+            debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                   tier, trace_id = %trace_id(trace), "scheduled");
+        }
+        Step::Hold(forward) => {
+            ladder.metrics.holds.held_messages.inc();
+            debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                   trace_id = %trace_id(trace), "held");
+        }
+        Step::Deliver(forward, _) => {
+            ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
+            ladder
+                .deliveries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .delivered(&forward.destination, now);
+            debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
+                   late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
+        }
+        Step::Defer(reason, _) => {
+            ladder.metrics.deferred(*reason);
+            if let Some(destination) = delivery
+                .properties
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(protocol::header::RETRY_TO))
+                .and_then(protocol::as_text)
+            {
+                ladder.breaker().scheduled(destination, deferred_due_ms, now_ms());
+            }
+        }
+        Step::Park(_) => {}
     }
 }
 
