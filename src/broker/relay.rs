@@ -405,15 +405,8 @@ fn handle<'a>(
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "a panic".into());
                 error!(ladder = %ladder.spec.name, %hop, panic = %what, "handling a message failed; parking it as internal-error");
-                let park = Park {
-                    reason: ParkReason::InternalError,
-                    detail: format!("the service failed while handling it ({what}); parked as received"),
-                    destination: None,
-                    attempts: None,
-                    first_failed_at_ms: None,
-                    history: Vec::new(),
-                    replayed_from: None,
-                };
+                let detail = format!("the service failed while handling it ({what}); parked as received");
+                let park = Park::new(ParkReason::InternalError, detail);
                 Box::pin(park_until_confirmed(hop, ladder, channel, &delivery, &park, None)).await?;
             }
         }

@@ -19,24 +19,8 @@ pub fn undecodable(error: &ladder_amqp::types::DecodeError, shallow: Option<Deci
             detail: format!("{detail}; {}", park.detail),
             ..park
         },
-        Some(Decision::Forward(forward)) => Park {
-            reason: ParkReason::InvalidHeader,
-            detail,
-            destination: Some(forward.destination),
-            attempts: None,
-            first_failed_at_ms: None,
-            history: Vec::new(),
-            replayed_from: None,
-        },
-        None => Park {
-            reason: ParkReason::InvalidHeader,
-            detail,
-            destination: None,
-            attempts: None,
-            first_failed_at_ms: None,
-            history: Vec::new(),
-            replayed_from: None,
-        },
+        Some(Decision::Forward(forward)) => Park::new(ParkReason::InvalidHeader, detail).to(Some(forward.destination)),
+        None => Park::new(ParkReason::InvalidHeader, detail),
     }
 }
 
@@ -580,15 +564,13 @@ pub(super) fn scheduled_due_at(h: &FieldTable, now_ms: u64) -> Result<u64, Strin
 /// after the cancellation): parked as `cancelled`, never delivered.
 pub fn cancelled_while_held(props: &BasicProperties, destination: &str) -> Park {
     let h = props.headers_or_empty();
-    Park {
-        reason: ParkReason::Cancelled,
-        detail: format!("{} (it waited in a held queue)", cancelled_detail(props)),
-        destination: Some(destination.to_string()),
-        attempts: optional_u64(&h, header::RETRY_ATTEMPT).ok().flatten(),
-        first_failed_at_ms: first_failed_at_of(props),
-        history: history_of(props),
-        replayed_from: replayed_from_of(props),
-    }
+    let detail = format!("{} (it waited in a held queue)", cancelled_detail(props));
+    Park::carrying(ParkReason::Cancelled, detail, &h)
+        .to(Some(destination.to_string()))
+        .after(
+            optional_u64(&h, header::RETRY_ATTEMPT).ok().flatten(),
+            first_failed_at_of(props),
+        )
 }
 
 pub(super) fn cancelled_detail(props: &BasicProperties) -> String {

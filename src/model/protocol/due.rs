@@ -28,15 +28,11 @@ impl<'a> HopContext<'a> {
         let attempts = optional_u64(h, header::RETRY_ATTEMPT).ok().flatten();
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
-            Decision::Park(Park {
-                reason,
-                detail,
-                destination,
-                attempts,
-                first_failed_at_ms: first_failed_at,
-                history: carried_history(h),
-                replayed_from: carried_replayed_from(h),
-            })
+            Decision::Park(
+                Park::carrying(reason, detail, h)
+                    .to(destination)
+                    .after(attempts, first_failed_at),
+            )
         };
         let scheduled = matches!(h.get(header::RETRY_SCHEDULED), Some(FieldValue::Boolean(true)));
         let target = match (h.get(header::RETRY_TO), h.get(header::RETRY_TO_EXCHANGE)) {
@@ -323,14 +319,11 @@ impl<'a> HopContext<'a> {
                 .filter_map(|d| field(d, "queue"))
                 .find(|q| !q.is_empty() && !q.starts_with(&self.names.prefix)),
         };
-        Park {
-            reason: ParkReason::DeadLettered,
-            detail,
-            destination,
-            attempts: optional_u64(h, header::RETRY_ATTEMPT).ok().flatten(),
-            first_failed_at_ms: optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten(),
-            history: carried_history(h),
-            replayed_from: carried_replayed_from(h),
-        }
+        Park::carrying(ParkReason::DeadLettered, detail, h)
+            .to(destination)
+            .after(
+                optional_u64(h, header::RETRY_ATTEMPT).ok().flatten(),
+                optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten(),
+            )
     }
 }

@@ -47,41 +47,22 @@ impl<'a> HopContext<'a> {
         let known_destination = || destination.as_ref().ok().cloned();
 
         if let Some((reason, detail)) = self.check_size(h) {
-            return Decision::Park(Park {
-                reason,
-                detail,
-                destination: known_destination(),
-                attempts: None,
-                first_failed_at_ms: None,
-                history: carried_history(h),
-                replayed_from: carried_replayed_from(h),
-            });
+            return Decision::Park(Park::carrying(reason, detail, h).to(known_destination()));
         }
         let previous = match optional_u64(h, header::RETRY_ATTEMPT) {
             Ok(n) => n.unwrap_or(0),
             Err(problem) => {
-                return Decision::Park(Park {
-                    reason: ParkReason::InvalidHeader,
-                    detail: problem,
-                    destination: known_destination(),
-                    attempts: None,
-                    first_failed_at_ms: None,
-                    history: carried_history(h),
-                    replayed_from: carried_replayed_from(h),
-                });
+                let park = Park::carrying(ParkReason::InvalidHeader, problem, h);
+                return Decision::Park(park.to(known_destination()));
             }
         };
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
-            Decision::Park(Park {
-                reason,
-                detail,
-                destination,
-                attempts: Some(previous),
-                first_failed_at_ms: first_failed_at,
-                history: carried_history(h),
-                replayed_from: carried_replayed_from(h),
-            })
+            Decision::Park(
+                Park::carrying(reason, detail, h)
+                    .to(destination)
+                    .after(Some(previous), first_failed_at),
+            )
         };
         let destination = match destination {
             Ok(queue) => queue,
@@ -221,13 +202,8 @@ impl<'a> HopContext<'a> {
         };
         let park = |reason, detail: String, destination: Option<String>| {
             Decision::Park(Park {
-                reason,
-                detail,
-                destination,
-                attempts: None,
-                first_failed_at_ms: None,
-                history: Vec::new(),
                 replayed_from: carried_replayed_from(h),
+                ..Park::new(reason, detail).to(destination)
             })
         };
         let target = match target {

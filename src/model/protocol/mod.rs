@@ -250,6 +250,45 @@ pub struct Park {
     pub replayed_from: Option<String>,
 }
 
+impl Park {
+    /// A park with nothing read from the message but `reason` and `detail`.
+    pub fn new(reason: ParkReason, detail: impl Into<String>) -> Self {
+        Park {
+            reason,
+            detail: detail.into(),
+            destination: None,
+            attempts: None,
+            first_failed_at_ms: None,
+            history: Vec::new(),
+            replayed_from: None,
+        }
+    }
+
+    /// A park of a message with headers `h`: its history and the record it was replayed from
+    /// go with it.
+    pub fn carrying(reason: ParkReason, detail: impl Into<String>, h: &FieldTable) -> Self {
+        Park {
+            history: carried_history(h),
+            replayed_from: carried_replayed_from(h),
+            ..Park::new(reason, detail)
+        }
+    }
+
+    /// Where the message was headed, if that could be read.
+    pub fn to(self, destination: Option<String>) -> Self {
+        Park { destination, ..self }
+    }
+
+    /// The retries it had already (`retry-attempt` as received) and when it first failed.
+    pub fn after(self, attempts: Option<u64>, first_failed_at_ms: Option<u64>) -> Self {
+        Park {
+            attempts,
+            first_failed_at_ms,
+            ..self
+        }
+    }
+}
+
 /// A decision to republish.
 #[derive(Debug, Clone)]
 pub struct Forward<'a> {
