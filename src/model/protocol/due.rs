@@ -92,6 +92,21 @@ impl<'a> HopContext<'a> {
                 failure: false,
             }));
         }
+        let late_ms = due_at.map_or(0, |due| now_ms.saturating_sub(due));
+        self.deliver(props, h, target, scheduled, attempts, late_ms)
+    }
+
+    /// A due message out to `target`: as received, with where its next failure waits; a
+    /// scheduled delivery as it was published, the ladder's bookkeeping leaving with the wait.
+    fn deliver(
+        &self,
+        props: &BasicProperties,
+        h: &FieldTable,
+        target: Target,
+        scheduled: bool,
+        attempts: Option<u64>,
+        late_ms: u64,
+    ) -> Decision<'a> {
         let (exchange, routing_key) = match &target {
             Target::Queue(queue) => (Cow::Borrowed(""), Cow::Owned(queue.clone())),
             Target::Exchange(exchange) => {
@@ -103,8 +118,6 @@ impl<'a> HopContext<'a> {
                 (Cow::Owned(exchange.clone()), Cow::Owned(key))
             }
         };
-        // delivered as received, with where its next failure waits; a scheduled delivery as it
-        // was published: the ladder's bookkeeping leaves with the wait
         let (properties, carry) = if scheduled {
             carrying(props, None, SCHEDULED_BOOKKEEPING)
         } else {
@@ -122,7 +135,7 @@ impl<'a> HopContext<'a> {
             carry: Some(carry),
             destination: target.into_key(),
             attempt: attempts.unwrap_or(0),
-            late_ms: due_at.map_or(0, |due| now_ms.saturating_sub(due)),
+            late_ms,
             due_at_ms: 0,
             kind: ForwardKind::Deliver,
             failure: false,

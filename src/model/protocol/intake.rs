@@ -26,12 +26,36 @@ impl<'a> HopContext<'a> {
     /// the ladder's own (the wait a failure the broker routed has already had), so they neither
     /// name its destination nor say how it came back.
     pub(super) fn take_in(&self, props: &BasicProperties, arrival: &Arrival<'_>, skip: usize) -> Decision<'a> {
-        let now_ms = arrival.now_ms;
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;
         if h.contains_key(header::X_DELAY) || h.contains_key(header::DELAY_UNTIL) {
             return self.schedule(props, h, arrival);
         }
+        let failure = match self.read_failure(props, h, skip) {
+            Ok(failure) => failure,
+            Err(park) => return Decision::Park(park),
+        };
+        let park = |reason, detail: String| {
+            let park = Park::carrying(reason, detail, h).to(Some(failure.destination.clone()));
+            Decision::Park(park.after(Some(failure.previous), failure.first_failed_at))
+        };
+        let attempt = failure.previous.saturating_add(1);
+        if attempt > u64::from(self.spec.max_attempts) {
+            let detail = format!(
+                "failed after {} retries; ladder {} allows {}",
+                failure.previous, self.spec.name, self.spec.max_attempts
+            );
+            return park(ParkReason::MaxAttempts, detail);
+        }
+        if arrival.cancelled {
+            return park(ParkReason::Cancelled, cancelled_detail(props));
+        }
+        self.wait_for_retry(props, h, failure, attempt, arrival)
+    }
+
+    /// Validates a failure with headers `h`: where it goes, the retries it had, and the delay
+    /// and reason it asks for — or the park that says what is wrong.
+    fn read_failure(&self, props: &BasicProperties, h: &FieldTable, skip: usize) -> Result<Failure, Park> {
         // Read what can be read before validating, so every park record says where the
         // message was headed (operators search the parking lot by destination).
         let destination = match h.get(header::RETRY_TO) {
@@ -45,37 +69,31 @@ impl<'a> HopContext<'a> {
         };
         // what a park record needs is read only when parking (this runs on every retry)
         let known_destination = || destination.as_ref().ok().cloned();
-
         if let Some((reason, detail)) = self.check_size(h) {
-            return Decision::Park(Park::carrying(reason, detail, h).to(known_destination()));
+            return Err(Park::carrying(reason, detail, h).to(known_destination()));
         }
         let previous = match optional_u64(h, header::RETRY_ATTEMPT) {
             Ok(n) => n.unwrap_or(0),
-            Err(problem) => {
-                let park = Park::carrying(ParkReason::InvalidHeader, problem, h);
-                return Decision::Park(park.to(known_destination()));
-            }
+            Err(problem) => return Err(Park::carrying(ParkReason::InvalidHeader, problem, h).to(known_destination())),
         };
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
-            Decision::Park(
-                Park::carrying(reason, detail, h)
-                    .to(destination)
-                    .after(Some(previous), first_failed_at),
-            )
+            Park::carrying(reason, detail, h)
+                .to(destination)
+                .after(Some(previous), first_failed_at)
         };
         let destination = match destination {
             Ok(queue) => queue,
             Err(problem) if h.contains_key(header::RETRY_TO) => {
-                return park(ParkReason::InvalidHeader, problem, None);
+                return Err(park(ParkReason::InvalidHeader, problem, None));
             }
-            Err(problem) => return park(ParkReason::NoDestination, problem, None),
+            Err(problem) => return Err(park(ParkReason::NoDestination, problem, None)),
         };
         if let Some(detail) = self.refuse_destination(&destination) {
-            return park(ParkReason::DestinationNotAllowed, detail, Some(destination));
+            return Err(park(ParkReason::DestinationNotAllowed, detail, Some(destination)));
         }
         if let Some(detail) = self.refuse_sender(props, h, &destination, skip) {
-            return park(ParkReason::SenderNotAllowed, detail, Some(destination));
+            return Err(park(ParkReason::SenderNotAllowed, detail, Some(destination)));
         }
         let min_delay = match h.get(header::RETRY_DELAY).map(parse_delay) {
             None => None,
@@ -86,10 +104,10 @@ impl<'a> HopContext<'a> {
                     delay.as_millis(),
                     MAX_DELAY.as_millis()
                 );
-                return park(ParkReason::InvalidHeader, problem, Some(destination));
+                return Err(park(ParkReason::InvalidHeader, problem, Some(destination)));
             }
             Some(Ok(delay)) => Some(delay),
-            Some(Err(problem)) => return park(ParkReason::InvalidHeader, problem, Some(destination)),
+            Some(Err(problem)) => return Err(park(ParkReason::InvalidHeader, problem, Some(destination))),
         };
         let reason = match h.get(header::RETRY_REASON) {
             None => None,
@@ -97,27 +115,34 @@ impl<'a> HopContext<'a> {
                 Some(text) => Some(truncate(text, self.limits.max_reason_bytes)),
                 None => {
                     let problem = format!("{} must be a string, got {}", header::RETRY_REASON, describe(value));
-                    return park(ParkReason::InvalidHeader, problem, Some(destination));
+                    return Err(park(ParkReason::InvalidHeader, problem, Some(destination)));
                 }
             },
         };
-        let attempt = previous.saturating_add(1);
-        if attempt > u64::from(self.spec.max_attempts) {
-            let detail = format!(
-                "failed after {previous} retries; ladder {} allows {}",
-                self.spec.name, self.spec.max_attempts
-            );
-            return park(ParkReason::MaxAttempts, detail, Some(destination));
-        }
+        Ok(Failure {
+            destination,
+            previous,
+            first_failed_at,
+            min_delay,
+            reason,
+        })
+    }
 
-        if arrival.cancelled {
-            return park(ParkReason::Cancelled, cancelled_detail(props), Some(destination));
-        }
-        let delay = self.spec.retry_delay(attempt as u32, min_delay, arrival.draw);
+    /// The wait of retry `attempt` of `failure`: its delay, its tier, and the headers the
+    /// intake writes (the rest is carried over as received, `Carry`).
+    fn wait_for_retry(
+        &self,
+        props: &BasicProperties,
+        h: &FieldTable,
+        failure: Failure,
+        attempt: u64,
+        arrival: &Arrival<'_>,
+    ) -> Decision<'a> {
+        let now_ms = arrival.now_ms;
+        let delay = self.spec.retry_delay(attempt as u32, failure.min_delay, arrival.draw);
         let tier = self.spec.next_wait(delay);
-        // what the intake writes; the rest is carried over as received (`Carry`)
         let mut out = FieldTable::with_capacity(INTAKE_WRITES.len() + 1);
-        if let Some(reason) = reason {
+        if let Some(reason) = failure.reason {
             out.push(ShortString::from_static(header::RETRY_REASON), long_string(&reason));
         }
         // a user id to move replaces a `retry-original-user-id` received (rare)
@@ -127,14 +152,17 @@ impl<'a> HopContext<'a> {
             INTAKE_WRITES
         };
         move_user_id(props, &mut out);
-        out.push(ShortString::from_static(header::RETRY_TO), long_string(&destination));
+        out.push(
+            ShortString::from_static(header::RETRY_TO),
+            long_string(&failure.destination),
+        );
         out.push(
             ShortString::from_static(header::RETRY_ATTEMPT),
             FieldValue::LongLongInt(attempt as i64),
         );
         out.push(
             ShortString::from_static(header::RETRY_FIRST_FAILED_AT),
-            FieldValue::LongLongInt(first_failed_at.unwrap_or(now_ms) as i64),
+            FieldValue::LongLongInt(failure.first_failed_at.unwrap_or(now_ms) as i64),
         );
         out.push(
             ShortString::from_static(header::RETRY_LADDER),
@@ -148,9 +176,9 @@ impl<'a> HopContext<'a> {
         );
         // the tier's own name when the delay is the tier's (no jitter, no retry-delay)
         let step = if delay == tier.delay {
-            std::borrow::Cow::Borrowed(tier.name.as_str())
+            Cow::Borrowed(tier.name.as_str())
         } else {
-            std::borrow::Cow::Owned(crate::model::ladder::compact_duration(delay))
+            Cow::Owned(crate::model::ladder::compact_duration(delay))
         };
         out.push(
             ShortString::from_static(header::RETRY_HISTORY),
@@ -163,7 +191,7 @@ impl<'a> HopContext<'a> {
             routing_key,
             properties,
             carry: Some(carry),
-            destination,
+            destination: failure.destination,
             attempt,
             late_ms: 0,
             due_at_ms,
@@ -343,4 +371,18 @@ impl<'a> HopContext<'a> {
         let user = props.user_id.as_ref().map(|u| u.to_string_lossy());
         senders.refuse(&self.spec.name, user.as_deref(), mode, destination)
     }
+}
+
+/// A failure as the intake read it, every header valid.
+struct Failure {
+    /// The queue it failed in, where its retry goes.
+    destination: String,
+    /// Retries it had already (`retry-attempt` as received).
+    previous: u64,
+    /// `retry-first-failed-at` as received.
+    first_failed_at: Option<u64>,
+    /// The shortest delay it asks for (`retry-delay`).
+    min_delay: Option<Duration>,
+    /// Why it failed (`retry-reason`), cut to the bound.
+    reason: Option<String>,
 }
