@@ -257,28 +257,7 @@ pub async fn serve_on(
         ladder: ladder.spec.name.clone(),
         source,
     };
-    let channel = connection.create_channel().await.map_err(broker)?;
-    channel.basic_qos(ladder.limits.prefetch).await.map_err(broker)?;
-    channel.confirm_select().await.map_err(broker)?;
-    if hop == Hop::Due {
-        // The due hop neither reads nor republishes the broker's dead-letter annotations (every
-        // hop strips them, `protocol::is_stripped`): stepped over undecoded, as decoding,
-        // copying and freeing `x-death` was a tenth of the work per retry. The intake and the
-        // quarantine read them (dead-letter mode, why a message was dead-lettered), and so does
-        // the due hop of a ladder that lists senders: the sender rule on a failure the broker
-        // routed past the intake asks whether it was dead-lettered (`Mode`).
-        // A first failure that comes due from an older ladder's first wait (routing key
-        // `wait.<step>`, `model::upgrade`) keeps them: its destination is read from `x-death`.
-        if ladder.spec.senders.is_none() {
-            channel.skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, "wait.");
-        }
-    }
-    let queue = queue.unwrap_or(ladder.queue(hop));
-    let mut consumer = channel
-        .basic_consume(queue, "", false, FieldTable::new())
-        .await
-        .map_err(broker)?;
-    info!(ladder = %ladder.spec.name, %hop, queue, "consuming");
+    let (channel, mut consumer) = subscribe(hop, queue, &ladder, connection).await.map_err(broker)?;
     if let Some(subscribed) = subscribed {
         let _ = subscribed.send(());
     }
@@ -357,6 +336,35 @@ pub async fn serve_on(
     // Closing the channel hands anything unsettled back to the queue.
     let _ = channel.close(200, "shutdown").await;
     Ok(drained)
+}
+
+/// Opens the loop's channel (prefetch, confirms) and consumes `queue`, or the hop's own queue.
+async fn subscribe(
+    hop: Hop,
+    queue: Option<&str>,
+    ladder: &LadderRuntime,
+    connection: &Connection,
+) -> ladder_amqp::Result<(Channel, ladder_amqp::Consumer)> {
+    let channel = connection.create_channel().await?;
+    channel.basic_qos(ladder.limits.prefetch).await?;
+    channel.confirm_select().await?;
+    if hop == Hop::Due {
+        // The due hop neither reads nor republishes the broker's dead-letter annotations (every
+        // hop strips them, `protocol::is_stripped`): stepped over undecoded, as decoding,
+        // copying and freeing `x-death` was a tenth of the work per retry. The intake and the
+        // quarantine read them (dead-letter mode, why a message was dead-lettered), and so does
+        // the due hop of a ladder that lists senders: the sender rule on a failure the broker
+        // routed past the intake asks whether it was dead-lettered (`Mode`).
+        // A first failure that comes due from an older ladder's first wait (routing key
+        // `wait.<step>`, `model::upgrade`) keeps them: its destination is read from `x-death`.
+        if ladder.spec.senders.is_none() {
+            channel.skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, "wait.");
+        }
+    }
+    let queue = queue.unwrap_or(ladder.queue(hop));
+    let consumer = channel.basic_consume(queue, "", false, FieldTable::new()).await?;
+    info!(ladder = %ladder.spec.name, %hop, queue, "consuming");
+    Ok((channel, consumer))
 }
 
 /// One delivery, from receipt until it is settled — its replacement confirmed — and may be

@@ -204,30 +204,7 @@ impl<'a> HopContext<'a> {
     /// it came with), and when; then the first wait. No attempt is counted.
     fn schedule(&self, props: &BasicProperties, h: &FieldTable, arrival: &Arrival<'_>) -> Decision<'a> {
         let now_ms = arrival.now_ms;
-        let target = match (h.get(header::RETRY_TO), h.get(header::RETRY_TO_EXCHANGE)) {
-            (Some(_), Some(_)) => Err((
-                ParkReason::InvalidHeader,
-                format!(
-                    "{} and {} name two targets; give one",
-                    header::RETRY_TO,
-                    header::RETRY_TO_EXCHANGE
-                ),
-            )),
-            (Some(queue), None) => check_queue_name(queue)
-                .map(Target::Queue)
-                .map_err(|p| (ParkReason::InvalidHeader, p)),
-            (None, Some(exchange)) => check_exchange_name(exchange)
-                .map(Target::Exchange)
-                .map_err(|p| (ParkReason::InvalidHeader, p)),
-            (None, None) => Err((
-                ParkReason::NoDestination,
-                format!(
-                    "a scheduled delivery needs {} (a queue) or {} (an exchange)",
-                    header::RETRY_TO,
-                    header::RETRY_TO_EXCHANGE
-                ),
-            )),
-        };
+        let target = scheduled_target(h);
         let park = |reason, detail: String, destination: Option<String>| {
             Decision::Park(Park {
                 replayed_from: carried_replayed_from(h),
@@ -370,6 +347,35 @@ impl<'a> HopContext<'a> {
         // a user name that is not UTF-8 cannot be one the config lists
         let user = props.user_id.as_ref().map(|u| u.to_string_lossy());
         senders.refuse(&self.spec.name, user.as_deref(), mode, destination)
+    }
+}
+
+/// Where a scheduled delivery goes: the queue of `retry-to` or the exchange of
+/// `retry-to-exchange`, exactly one of them; else why not.
+fn scheduled_target(h: &FieldTable) -> Result<Target, (ParkReason, String)> {
+    match (h.get(header::RETRY_TO), h.get(header::RETRY_TO_EXCHANGE)) {
+        (Some(_), Some(_)) => Err((
+            ParkReason::InvalidHeader,
+            format!(
+                "{} and {} name two targets; give one",
+                header::RETRY_TO,
+                header::RETRY_TO_EXCHANGE
+            ),
+        )),
+        (Some(queue), None) => check_queue_name(queue)
+            .map(Target::Queue)
+            .map_err(|p| (ParkReason::InvalidHeader, p)),
+        (None, Some(exchange)) => check_exchange_name(exchange)
+            .map(Target::Exchange)
+            .map_err(|p| (ParkReason::InvalidHeader, p)),
+        (None, None) => Err((
+            ParkReason::NoDestination,
+            format!(
+                "a scheduled delivery needs {} (a queue) or {} (an exchange)",
+                header::RETRY_TO,
+                header::RETRY_TO_EXCHANGE
+            ),
+        )),
     }
 }
 
