@@ -33,7 +33,7 @@ impl<'a> HopContext<'a> {
         }
         let failure = match self.read_failure(props, h, skip) {
             Ok(failure) => failure,
-            Err(park) => return Decision::Park(park),
+            Err(park) => return Decision::Park(*park),
         };
         let park = |reason, detail: String| {
             let park = Park::carrying(reason, detail, h).to(Some(failure.destination.clone()));
@@ -55,7 +55,7 @@ impl<'a> HopContext<'a> {
 
     /// Validates a failure with headers `h`: where it goes, the retries it had, and the delay
     /// and reason it asks for — or the park that says what is wrong.
-    fn read_failure(&self, props: &BasicProperties, h: &FieldTable, skip: usize) -> Result<Failure, Park> {
+    fn read_failure(&self, props: &BasicProperties, h: &FieldTable, skip: usize) -> Result<Failure, Box<Park>> {
         // Read what can be read before validating, so every park record says where the
         // message was headed (operators search the parking lot by destination).
         let destination = match h.get(header::RETRY_TO) {
@@ -70,17 +70,19 @@ impl<'a> HopContext<'a> {
         // what a park record needs is read only when parking (this runs on every retry)
         let known_destination = || destination.as_ref().ok().cloned();
         if let Some((reason, detail)) = self.check_size(h) {
-            return Err(Park::carrying(reason, detail, h).to(known_destination()));
+            return Err(Box::new(Park::carrying(reason, detail, h).to(known_destination())));
         }
         let previous = match optional_u64(h, header::RETRY_ATTEMPT) {
             Ok(n) => n.unwrap_or(0),
-            Err(problem) => return Err(Park::carrying(ParkReason::InvalidHeader, problem, h).to(known_destination())),
+            Err(problem) => {
+                let park = Park::carrying(ParkReason::InvalidHeader, problem, h);
+                return Err(Box::new(park.to(known_destination())));
+            }
         };
         let first_failed_at = optional_u64(h, header::RETRY_FIRST_FAILED_AT).ok().flatten();
         let park = |reason, detail: String, destination: Option<String>| {
-            Park::carrying(reason, detail, h)
-                .to(destination)
-                .after(Some(previous), first_failed_at)
+            let park = Park::carrying(reason, detail, h).to(destination);
+            Box::new(park.after(Some(previous), first_failed_at))
         };
         let destination = match destination {
             Ok(queue) => queue,
