@@ -292,19 +292,23 @@ impl Method {
 
     /// Appends the method frame's payload.
     pub fn encode(&self, out: &mut BytesMut) {
-        use Method::*;
         let (class, method) = self.id();
         out.put_u16(class);
         out.put_u16(method);
-        let bits = |out: &mut BytesMut, flags: &[bool]| {
-            let mut octet = 0u8;
-            for (i, f) in flags.iter().enumerate() {
-                if *f {
-                    octet |= 1 << i;
-                }
-            }
-            out.put_u8(octet);
-        };
+        match class {
+            10 => self.encode_connection(out),
+            20 => self.encode_channel(out),
+            40 => self.encode_exchange(out),
+            50 => self.encode_queue(out),
+            60 => self.encode_basic(out),
+            85 => self.encode_confirm(out),
+            _ => unreachable!("every method has one of these classes"),
+        }
+    }
+
+    /// Appends the arguments of a method of class 10 (connection).
+    fn encode_connection(&self, out: &mut BytesMut) {
+        use Method::*;
         match self {
             ConnectionStart {
                 version_major,
@@ -352,17 +356,30 @@ impl Method {
                 out.put_u8(0); // reserved-2: insist
             }
             ConnectionOpenOk => out.put_u8(0),
-            ConnectionClose(c) | ChannelClose(c) => {
-                out.put_u16(c.reply_code);
-                put_short_string(out, &c.reply_text);
-                out.put_u16(c.class_id);
-                out.put_u16(c.method_id);
-            }
-            ConnectionCloseOk | ConnectionUnblocked | ChannelCloseOk => {}
+            ConnectionClose(c) => put_close(out, c),
+            ConnectionCloseOk | ConnectionUnblocked => {}
             ConnectionBlocked { reason } => put_short_string(out, reason),
+            _ => unreachable!("not a method of class 10"),
+        }
+    }
+
+    /// Appends the arguments of a method of class 20 (channel).
+    fn encode_channel(&self, out: &mut BytesMut) {
+        use Method::*;
+        match self {
             ChannelOpen => out.put_u8(0),
             ChannelOpenOk => out.put_u32(0),
             ChannelFlow { active } | ChannelFlowOk { active } => bits(out, &[*active]),
+            ChannelClose(c) => put_close(out, c),
+            ChannelCloseOk => {}
+            _ => unreachable!("not a method of class 20"),
+        }
+    }
+
+    /// Appends the arguments of a method of class 40 (exchange).
+    fn encode_exchange(&self, out: &mut BytesMut) {
+        use Method::*;
+        match self {
             ExchangeDeclare {
                 exchange,
                 kind,
@@ -378,17 +395,39 @@ impl Method {
                 bits(out, &[*passive, *durable, *auto_delete, *internal, false]);
                 put_table(out, arguments);
             }
-            ExchangeDeclareOk | ExchangeDeleteOk | ExchangeBindOk | ExchangeUnbindOk | QueueBindOk | QueueUnbindOk
-            | BasicQosOk | BasicGetEmpty | BasicRecoverOk | ConfirmSelectOk => {
-                if matches!(self, BasicGetEmpty) {
-                    out.put_u8(0);
-                }
-            }
+            ExchangeDeclareOk | ExchangeDeleteOk | ExchangeBindOk | ExchangeUnbindOk => {}
             ExchangeDelete { exchange, if_unused } => {
                 out.put_u16(0);
                 put_short_string(out, exchange);
                 bits(out, &[*if_unused, false]);
             }
+            ExchangeBind {
+                destination,
+                source,
+                routing_key,
+                arguments,
+            }
+            | ExchangeUnbind {
+                destination,
+                source,
+                routing_key,
+                arguments,
+            } => {
+                out.put_u16(0);
+                put_short_string(out, destination);
+                put_short_string(out, source);
+                put_short_string(out, routing_key);
+                bits(out, &[false]);
+                put_table(out, arguments);
+            }
+            _ => unreachable!("not a method of class 40"),
+        }
+    }
+
+    /// Appends the arguments of a method of class 50 (queue).
+    fn encode_queue(&self, out: &mut BytesMut) {
+        use Method::*;
+        match self {
             QueueDeclare {
                 queue,
                 passive,
@@ -436,25 +475,6 @@ impl Method {
                 put_short_string(out, routing_key);
                 put_table(out, arguments);
             }
-            ExchangeBind {
-                destination,
-                source,
-                routing_key,
-                arguments,
-            }
-            | ExchangeUnbind {
-                destination,
-                source,
-                routing_key,
-                arguments,
-            } => {
-                out.put_u16(0);
-                put_short_string(out, destination);
-                put_short_string(out, source);
-                put_short_string(out, routing_key);
-                bits(out, &[false]);
-                put_table(out, arguments);
-            }
             QueuePurge { queue } => {
                 out.put_u16(0);
                 put_short_string(out, queue);
@@ -470,6 +490,15 @@ impl Method {
                 put_short_string(out, queue);
                 bits(out, &[*if_unused, *if_empty, false]);
             }
+            QueueBindOk | QueueUnbindOk => {}
+            _ => unreachable!("not a method of class 50"),
+        }
+    }
+
+    /// Appends the arguments of a method of class 60 (basic).
+    fn encode_basic(&self, out: &mut BytesMut) {
+        use Method::*;
+        match self {
             BasicQos { prefetch_count, global } => {
                 out.put_u32(0);
                 out.put_u16(*prefetch_count);
@@ -561,290 +590,35 @@ impl Method {
                 out.put_u64(*delivery_tag);
                 bits(out, &[*multiple, *requeue]);
             }
+            BasicQosOk | BasicRecoverOk => {}
+            BasicGetEmpty => out.put_u8(0), // reserved-1: cluster-id, empty
+            _ => unreachable!("not a method of class 60"),
+        }
+    }
+
+    /// Appends the arguments of a method of class 85 (confirm).
+    fn encode_confirm(&self, out: &mut BytesMut) {
+        use Method::*;
+        match self {
             ConfirmSelect => bits(out, &[false]),
+            ConfirmSelectOk => {}
+            _ => unreachable!("not a method of class 85"),
         }
     }
 
     /// Reads a method frame's payload.
     pub fn decode(payload: &[u8]) -> Result<Method, DecodeError> {
-        use Method::*;
         let mut r = Reader::new(payload);
         let class = r.u16()?;
         let method = r.u16()?;
-        let bit = |octet: u8, i: u8| octet & (1 << i) != 0;
-        let m = match (class, method) {
-            (10, 10) => ConnectionStart {
-                version_major: r.u8()?,
-                version_minor: r.u8()?,
-                server_properties: r.table()?,
-                mechanisms: r.long_string()?,
-                locales: r.long_string()?,
-            },
-            (10, 11) => ConnectionStartOk {
-                client_properties: r.table()?,
-                mechanism: r.short_string()?,
-                response: r.long_string()?,
-                locale: r.short_string()?,
-            },
-            (10, 20) => ConnectionSecure {
-                challenge: r.long_string()?,
-            },
-            (10, 21) => ConnectionSecureOk {
-                response: r.long_string()?,
-            },
-            (10, 30) => ConnectionTune {
-                channel_max: r.u16()?,
-                frame_max: r.u32()?,
-                heartbeat: r.u16()?,
-            },
-            (10, 31) => ConnectionTuneOk {
-                channel_max: r.u16()?,
-                frame_max: r.u32()?,
-                heartbeat: r.u16()?,
-            },
-            (10, 40) => {
-                let vhost = r.short_string()?;
-                r.short_string()?;
-                r.u8()?;
-                ConnectionOpen { vhost }
-            }
-            (10, 41) => {
-                r.short_string()?;
-                ConnectionOpenOk
-            }
-            (10, 50) => ConnectionClose(read_close(&mut r)?),
-            (10, 51) => ConnectionCloseOk,
-            (10, 60) => ConnectionBlocked {
-                reason: r.short_string()?,
-            },
-            (10, 61) => ConnectionUnblocked,
-            (20, 10) => {
-                r.short_string()?;
-                ChannelOpen
-            }
-            (20, 11) => {
-                r.long_string()?;
-                ChannelOpenOk
-            }
-            (20, 20) => ChannelFlow {
-                active: bit(r.u8()?, 0),
-            },
-            (20, 21) => ChannelFlowOk {
-                active: bit(r.u8()?, 0),
-            },
-            (20, 40) => ChannelClose(read_close(&mut r)?),
-            (20, 41) => ChannelCloseOk,
-            (40, 10) => {
-                r.u16()?;
-                let exchange = r.short_string()?;
-                let kind = r.short_string()?;
-                let b = r.u8()?;
-                ExchangeDeclare {
-                    exchange,
-                    kind,
-                    passive: bit(b, 0),
-                    durable: bit(b, 1),
-                    auto_delete: bit(b, 2),
-                    internal: bit(b, 3),
-                    arguments: r.table()?,
-                }
-            }
-            (40, 11) => ExchangeDeclareOk,
-            (40, 20) => {
-                r.u16()?;
-                let exchange = r.short_string()?;
-                ExchangeDelete {
-                    exchange,
-                    if_unused: bit(r.u8()?, 0),
-                }
-            }
-            (40, 21) => ExchangeDeleteOk,
-            (40, 30) | (40, 40) => {
-                let bind = method == 30;
-                r.u16()?;
-                let destination = r.short_string()?;
-                let source = r.short_string()?;
-                let routing_key = r.short_string()?;
-                r.u8()?;
-                let arguments = r.table()?;
-                if bind {
-                    ExchangeBind {
-                        destination,
-                        source,
-                        routing_key,
-                        arguments,
-                    }
-                } else {
-                    ExchangeUnbind {
-                        destination,
-                        source,
-                        routing_key,
-                        arguments,
-                    }
-                }
-            }
-            (40, 31) => ExchangeBindOk,
-            (40, 51) => ExchangeUnbindOk,
-            (50, 10) => {
-                r.u16()?;
-                let queue = r.short_string()?;
-                let b = r.u8()?;
-                QueueDeclare {
-                    queue,
-                    passive: bit(b, 0),
-                    durable: bit(b, 1),
-                    exclusive: bit(b, 2),
-                    auto_delete: bit(b, 3),
-                    arguments: r.table()?,
-                }
-            }
-            (50, 11) => QueueDeclareOk {
-                queue: r.short_string()?,
-                message_count: r.u32()?,
-                consumer_count: r.u32()?,
-            },
-            (50, 20) => {
-                r.u16()?;
-                let queue = r.short_string()?;
-                let exchange = r.short_string()?;
-                let routing_key = r.short_string()?;
-                r.u8()?;
-                QueueBind {
-                    queue,
-                    exchange,
-                    routing_key,
-                    arguments: r.table()?,
-                }
-            }
-            (50, 21) => QueueBindOk,
-            (50, 30) => {
-                r.u16()?;
-                let queue = r.short_string()?;
-                r.u8()?;
-                QueuePurge { queue }
-            }
-            (50, 31) => QueuePurgeOk {
-                message_count: r.u32()?,
-            },
-            (50, 40) => {
-                r.u16()?;
-                let queue = r.short_string()?;
-                let b = r.u8()?;
-                QueueDelete {
-                    queue,
-                    if_unused: bit(b, 0),
-                    if_empty: bit(b, 1),
-                }
-            }
-            (50, 41) => QueueDeleteOk {
-                message_count: r.u32()?,
-            },
-            (50, 50) => {
-                r.u16()?;
-                QueueUnbind {
-                    queue: r.short_string()?,
-                    exchange: r.short_string()?,
-                    routing_key: r.short_string()?,
-                    arguments: r.table()?,
-                }
-            }
-            (50, 51) => QueueUnbindOk,
-            (60, 10) => {
-                r.u32()?;
-                BasicQos {
-                    prefetch_count: r.u16()?,
-                    global: bit(r.u8()?, 0),
-                }
-            }
-            (60, 11) => BasicQosOk,
-            (60, 20) => {
-                r.u16()?;
-                let queue = r.short_string()?;
-                let consumer_tag = r.short_string()?;
-                let b = r.u8()?;
-                BasicConsume {
-                    queue,
-                    consumer_tag,
-                    no_ack: bit(b, 1),
-                    exclusive: bit(b, 2),
-                    arguments: r.table()?,
-                }
-            }
-            (60, 21) => BasicConsumeOk {
-                consumer_tag: r.short_string()?,
-            },
-            (60, 30) => BasicCancel {
-                consumer_tag: r.short_string()?,
-                no_wait: bit(r.u8()?, 0),
-            },
-            (60, 31) => BasicCancelOk {
-                consumer_tag: r.short_string()?,
-            },
-            (60, 40) => {
-                r.u16()?;
-                let exchange = r.short_string()?;
-                let routing_key = r.short_string()?;
-                BasicPublish {
-                    exchange,
-                    routing_key,
-                    mandatory: bit(r.u8()?, 0),
-                }
-            }
-            (60, 50) => BasicReturn {
-                reply_code: r.u16()?,
-                reply_text: r.short_string()?,
-                exchange: r.short_string()?,
-                routing_key: r.short_string()?,
-            },
-            (60, 60) => BasicDeliver {
-                consumer_tag: r.short_string()?,
-                delivery_tag: r.u64()?,
-                redelivered: bit(r.u8()?, 0),
-                exchange: r.short_string()?,
-                routing_key: r.short_string()?,
-            },
-            (60, 70) => {
-                r.u16()?;
-                BasicGet {
-                    queue: r.short_string()?,
-                    no_ack: bit(r.u8()?, 0),
-                }
-            }
-            (60, 71) => BasicGetOk {
-                delivery_tag: r.u64()?,
-                redelivered: bit(r.u8()?, 0),
-                exchange: r.short_string()?,
-                routing_key: r.short_string()?,
-                message_count: r.u32()?,
-            },
-            (60, 72) => {
-                r.short_string()?;
-                BasicGetEmpty
-            }
-            (60, 80) => BasicAck {
-                delivery_tag: r.u64()?,
-                multiple: bit(r.u8()?, 0),
-            },
-            (60, 90) => BasicReject {
-                delivery_tag: r.u64()?,
-                requeue: bit(r.u8()?, 0),
-            },
-            (60, 111) => BasicRecoverOk,
-            (60, 120) => {
-                let delivery_tag = r.u64()?;
-                let b = r.u8()?;
-                BasicNack {
-                    delivery_tag,
-                    multiple: bit(b, 0),
-                    requeue: bit(b, 1),
-                }
-            }
-            (85, 10) => {
-                r.u8()?;
-                ConfirmSelect
-            }
-            (85, 11) => ConfirmSelectOk,
-            (class, method) => return Err(DecodeError::Malformed(format!("unknown method {class}.{method}"))),
+        let m = match class {
+            10 => decode_connection(method, &mut r)?,
+            20 => decode_channel(method, &mut r)?,
+            40 => decode_exchange(method, &mut r)?,
+            50 => decode_queue(method, &mut r)?,
+            60 => decode_basic(method, &mut r)?,
+            85 => decode_confirm(method, &mut r)?,
+            class => return Err(unknown(class, method)),
         };
         Ok(m)
     }
@@ -856,6 +630,353 @@ fn read_close(r: &mut Reader<'_>) -> Result<Close, DecodeError> {
         reply_text: r.short_string()?,
         class_id: r.u16()?,
         method_id: r.u16()?,
+    })
+}
+
+/// Appends a `connection.close` or `channel.close`.
+fn put_close(out: &mut BytesMut, c: &Close) {
+    out.put_u16(c.reply_code);
+    put_short_string(out, &c.reply_text);
+    out.put_u16(c.class_id);
+    out.put_u16(c.method_id);
+}
+
+/// Packs `flags` into one octet, the first in the lowest bit.
+fn bits(out: &mut BytesMut, flags: &[bool]) {
+    let mut octet = 0u8;
+    for (i, f) in flags.iter().enumerate() {
+        if *f {
+            octet |= 1 << i;
+        }
+    }
+    out.put_u8(octet);
+}
+
+/// The error of a method no class here has.
+fn unknown(class: u16, method: u16) -> DecodeError {
+    DecodeError::Malformed(format!("unknown method {class}.{method}"))
+}
+
+/// Reads a method of class 10 (connection) from `r`.
+fn decode_connection(method: u16, r: &mut Reader<'_>) -> Result<Method, DecodeError> {
+    use Method::*;
+    Ok(match method {
+        10 => ConnectionStart {
+            version_major: r.u8()?,
+            version_minor: r.u8()?,
+            server_properties: r.table()?,
+            mechanisms: r.long_string()?,
+            locales: r.long_string()?,
+        },
+        11 => ConnectionStartOk {
+            client_properties: r.table()?,
+            mechanism: r.short_string()?,
+            response: r.long_string()?,
+            locale: r.short_string()?,
+        },
+        20 => ConnectionSecure {
+            challenge: r.long_string()?,
+        },
+        21 => ConnectionSecureOk {
+            response: r.long_string()?,
+        },
+        30 => ConnectionTune {
+            channel_max: r.u16()?,
+            frame_max: r.u32()?,
+            heartbeat: r.u16()?,
+        },
+        31 => ConnectionTuneOk {
+            channel_max: r.u16()?,
+            frame_max: r.u32()?,
+            heartbeat: r.u16()?,
+        },
+        40 => {
+            let vhost = r.short_string()?;
+            r.short_string()?;
+            r.u8()?;
+            ConnectionOpen { vhost }
+        }
+        41 => {
+            r.short_string()?;
+            ConnectionOpenOk
+        }
+        50 => ConnectionClose(read_close(r)?),
+        51 => ConnectionCloseOk,
+        60 => ConnectionBlocked {
+            reason: r.short_string()?,
+        },
+        61 => ConnectionUnblocked,
+        method => return Err(unknown(10, method)),
+    })
+}
+
+/// Reads a method of class 20 (channel) from `r`.
+fn decode_channel(method: u16, r: &mut Reader<'_>) -> Result<Method, DecodeError> {
+    use Method::*;
+    let bit = |octet: u8, i: u8| octet & (1 << i) != 0;
+    Ok(match method {
+        10 => {
+            r.short_string()?;
+            ChannelOpen
+        }
+        11 => {
+            r.long_string()?;
+            ChannelOpenOk
+        }
+        20 => ChannelFlow {
+            active: bit(r.u8()?, 0),
+        },
+        21 => ChannelFlowOk {
+            active: bit(r.u8()?, 0),
+        },
+        40 => ChannelClose(read_close(r)?),
+        41 => ChannelCloseOk,
+        method => return Err(unknown(20, method)),
+    })
+}
+
+/// Reads a method of class 40 (exchange) from `r`.
+fn decode_exchange(method: u16, r: &mut Reader<'_>) -> Result<Method, DecodeError> {
+    use Method::*;
+    let bit = |octet: u8, i: u8| octet & (1 << i) != 0;
+    Ok(match method {
+        10 => {
+            r.u16()?;
+            let exchange = r.short_string()?;
+            let kind = r.short_string()?;
+            let b = r.u8()?;
+            ExchangeDeclare {
+                exchange,
+                kind,
+                passive: bit(b, 0),
+                durable: bit(b, 1),
+                auto_delete: bit(b, 2),
+                internal: bit(b, 3),
+                arguments: r.table()?,
+            }
+        }
+        11 => ExchangeDeclareOk,
+        20 => {
+            r.u16()?;
+            let exchange = r.short_string()?;
+            ExchangeDelete {
+                exchange,
+                if_unused: bit(r.u8()?, 0),
+            }
+        }
+        21 => ExchangeDeleteOk,
+        30 | 40 => {
+            let bind = method == 30;
+            r.u16()?;
+            let destination = r.short_string()?;
+            let source = r.short_string()?;
+            let routing_key = r.short_string()?;
+            r.u8()?;
+            let arguments = r.table()?;
+            if bind {
+                ExchangeBind {
+                    destination,
+                    source,
+                    routing_key,
+                    arguments,
+                }
+            } else {
+                ExchangeUnbind {
+                    destination,
+                    source,
+                    routing_key,
+                    arguments,
+                }
+            }
+        }
+        31 => ExchangeBindOk,
+        51 => ExchangeUnbindOk,
+        method => return Err(unknown(40, method)),
+    })
+}
+
+/// Reads a method of class 50 (queue) from `r`.
+fn decode_queue(method: u16, r: &mut Reader<'_>) -> Result<Method, DecodeError> {
+    use Method::*;
+    let bit = |octet: u8, i: u8| octet & (1 << i) != 0;
+    Ok(match method {
+        10 => {
+            r.u16()?;
+            let queue = r.short_string()?;
+            let b = r.u8()?;
+            QueueDeclare {
+                queue,
+                passive: bit(b, 0),
+                durable: bit(b, 1),
+                exclusive: bit(b, 2),
+                auto_delete: bit(b, 3),
+                arguments: r.table()?,
+            }
+        }
+        11 => QueueDeclareOk {
+            queue: r.short_string()?,
+            message_count: r.u32()?,
+            consumer_count: r.u32()?,
+        },
+        20 => {
+            r.u16()?;
+            let queue = r.short_string()?;
+            let exchange = r.short_string()?;
+            let routing_key = r.short_string()?;
+            r.u8()?;
+            QueueBind {
+                queue,
+                exchange,
+                routing_key,
+                arguments: r.table()?,
+            }
+        }
+        21 => QueueBindOk,
+        30 => {
+            r.u16()?;
+            let queue = r.short_string()?;
+            r.u8()?;
+            QueuePurge { queue }
+        }
+        31 => QueuePurgeOk {
+            message_count: r.u32()?,
+        },
+        40 => {
+            r.u16()?;
+            let queue = r.short_string()?;
+            let b = r.u8()?;
+            QueueDelete {
+                queue,
+                if_unused: bit(b, 0),
+                if_empty: bit(b, 1),
+            }
+        }
+        41 => QueueDeleteOk {
+            message_count: r.u32()?,
+        },
+        50 => {
+            r.u16()?;
+            QueueUnbind {
+                queue: r.short_string()?,
+                exchange: r.short_string()?,
+                routing_key: r.short_string()?,
+                arguments: r.table()?,
+            }
+        }
+        51 => QueueUnbindOk,
+        method => return Err(unknown(50, method)),
+    })
+}
+
+/// Reads a method of class 60 (basic) from `r`.
+fn decode_basic(method: u16, r: &mut Reader<'_>) -> Result<Method, DecodeError> {
+    use Method::*;
+    let bit = |octet: u8, i: u8| octet & (1 << i) != 0;
+    Ok(match method {
+        10 => {
+            r.u32()?;
+            BasicQos {
+                prefetch_count: r.u16()?,
+                global: bit(r.u8()?, 0),
+            }
+        }
+        11 => BasicQosOk,
+        20 => {
+            r.u16()?;
+            let queue = r.short_string()?;
+            let consumer_tag = r.short_string()?;
+            let b = r.u8()?;
+            BasicConsume {
+                queue,
+                consumer_tag,
+                no_ack: bit(b, 1),
+                exclusive: bit(b, 2),
+                arguments: r.table()?,
+            }
+        }
+        21 => BasicConsumeOk {
+            consumer_tag: r.short_string()?,
+        },
+        30 => BasicCancel {
+            consumer_tag: r.short_string()?,
+            no_wait: bit(r.u8()?, 0),
+        },
+        31 => BasicCancelOk {
+            consumer_tag: r.short_string()?,
+        },
+        40 => {
+            r.u16()?;
+            let exchange = r.short_string()?;
+            let routing_key = r.short_string()?;
+            BasicPublish {
+                exchange,
+                routing_key,
+                mandatory: bit(r.u8()?, 0),
+            }
+        }
+        50 => BasicReturn {
+            reply_code: r.u16()?,
+            reply_text: r.short_string()?,
+            exchange: r.short_string()?,
+            routing_key: r.short_string()?,
+        },
+        60 => BasicDeliver {
+            consumer_tag: r.short_string()?,
+            delivery_tag: r.u64()?,
+            redelivered: bit(r.u8()?, 0),
+            exchange: r.short_string()?,
+            routing_key: r.short_string()?,
+        },
+        70 => {
+            r.u16()?;
+            BasicGet {
+                queue: r.short_string()?,
+                no_ack: bit(r.u8()?, 0),
+            }
+        }
+        71 => BasicGetOk {
+            delivery_tag: r.u64()?,
+            redelivered: bit(r.u8()?, 0),
+            exchange: r.short_string()?,
+            routing_key: r.short_string()?,
+            message_count: r.u32()?,
+        },
+        72 => {
+            r.short_string()?;
+            BasicGetEmpty
+        }
+        80 => BasicAck {
+            delivery_tag: r.u64()?,
+            multiple: bit(r.u8()?, 0),
+        },
+        90 => BasicReject {
+            delivery_tag: r.u64()?,
+            requeue: bit(r.u8()?, 0),
+        },
+        111 => BasicRecoverOk,
+        120 => {
+            let delivery_tag = r.u64()?;
+            let b = r.u8()?;
+            BasicNack {
+                delivery_tag,
+                multiple: bit(b, 0),
+                requeue: bit(b, 1),
+            }
+        }
+        method => return Err(unknown(60, method)),
+    })
+}
+
+/// Reads a method of class 85 (confirm) from `r`.
+fn decode_confirm(method: u16, r: &mut Reader<'_>) -> Result<Method, DecodeError> {
+    use Method::*;
+    Ok(match method {
+        10 => {
+            r.u8()?;
+            ConfirmSelect
+        }
+        11 => ConfirmSelectOk,
+        method => return Err(unknown(85, method)),
     })
 }
 
