@@ -292,6 +292,18 @@ struct Incoming {
     body: Vec<u8>,
 }
 
+impl Incoming {
+    /// A message whose method frame came, its header and body frames still to come.
+    fn new(kind: IncomingKind) -> Self {
+        Incoming {
+            kind,
+            size: 0,
+            properties: None,
+            body: Vec::new(),
+        }
+    }
+}
+
 /// The initial capacity for a body is at most this; a larger body grows as its frames arrive.
 const BODY_PREALLOCATE_MAX: u64 = 1 << 20;
 
@@ -472,18 +484,13 @@ impl ChannelShared {
                 exchange,
                 routing_key,
             } => {
-                st.incoming = Some(Incoming {
-                    kind: IncomingKind::Deliver {
-                        consumer_tag,
-                        delivery_tag,
-                        redelivered,
-                        exchange,
-                        routing_key,
-                    },
-                    size: 0,
-                    properties: None,
-                    body: Vec::new(),
-                });
+                st.incoming = Some(Incoming::new(IncomingKind::Deliver {
+                    consumer_tag,
+                    delivery_tag,
+                    redelivered,
+                    exchange,
+                    routing_key,
+                }));
             }
             Method::BasicReturn {
                 reply_code,
@@ -491,25 +498,15 @@ impl ChannelShared {
                 exchange,
                 routing_key,
             } => {
-                st.incoming = Some(Incoming {
-                    kind: IncomingKind::Return(Returned {
-                        reply_code,
-                        reply_text: reply_text.to_string_lossy().into_owned(),
-                        exchange,
-                        routing_key,
-                    }),
-                    size: 0,
-                    properties: None,
-                    body: Vec::new(),
-                });
+                st.incoming = Some(Incoming::new(IncomingKind::Return(Returned {
+                    reply_code,
+                    reply_text: reply_text.to_string_lossy().into_owned(),
+                    exchange,
+                    routing_key,
+                })));
             }
             Method::BasicGetOk { .. } => {
-                st.incoming = Some(Incoming {
-                    kind: IncomingKind::GetOk,
-                    size: 0,
-                    properties: None,
-                    body: Vec::new(),
-                });
+                st.incoming = Some(Incoming::new(IncomingKind::GetOk));
             }
             Method::BasicAck { delivery_tag, multiple } => settle(&mut st, delivery_tag, multiple, true),
             Method::BasicNack {
@@ -545,40 +542,45 @@ impl ChannelShared {
                 drop(st);
                 self.io.send_method(self.id, &Method::ChannelFlowOk { active })?;
             }
-            reply => {
-                let Some(call) = st.call.take() else {
-                    return if st.closing {
-                        Ok(())
-                    } else {
-                        Err(Error::Protocol(format!("unexpected method {}.{}", id.0, id.1)))
-                    };
-                };
-                if call.reply != id && call.alt_reply != Some(id) {
-                    return Err(Error::Protocol(format!(
-                        "expected method {}.{}, the broker sent {}.{}",
-                        call.reply.0, call.reply.1, id.0, id.1
-                    )));
-                }
-                match &reply {
-                    Method::BasicConsumeOk { consumer_tag } => {
-                        if let Some(tx) = call.consumer {
-                            st.consumers.insert(consumer_tag.clone(), tx);
-                        }
-                    }
-                    Method::BasicCancelOk { consumer_tag } => {
-                        st.consumers.remove(consumer_tag);
-                    }
-                    Method::ConfirmSelectOk => {
-                        st.confirms.get_or_insert_with(|| Confirms {
-                            next_tag: 1,
-                            pending: BTreeMap::new(),
-                        });
-                    }
-                    _ => {}
-                }
-                let _ = call.tx.send(Ok(reply));
-            }
+            reply => return self.on_reply(st, id, reply),
         }
+        Ok(())
+    }
+
+    /// The reply to the call waiting on this channel: checked against what the call awaits,
+    /// and the consumer or confirm state it sets up recorded before the caller hears of it.
+    fn on_reply(&self, mut st: MutexGuard<'_, ChannelState>, id: (u16, u16), reply: Method) -> Result<()> {
+        let Some(call) = st.call.take() else {
+            return if st.closing {
+                Ok(())
+            } else {
+                Err(Error::Protocol(format!("unexpected method {}.{}", id.0, id.1)))
+            };
+        };
+        if call.reply != id && call.alt_reply != Some(id) {
+            return Err(Error::Protocol(format!(
+                "expected method {}.{}, the broker sent {}.{}",
+                call.reply.0, call.reply.1, id.0, id.1
+            )));
+        }
+        match &reply {
+            Method::BasicConsumeOk { consumer_tag } => {
+                if let Some(tx) = call.consumer {
+                    st.consumers.insert(consumer_tag.clone(), tx);
+                }
+            }
+            Method::BasicCancelOk { consumer_tag } => {
+                st.consumers.remove(consumer_tag);
+            }
+            Method::ConfirmSelectOk => {
+                st.confirms.get_or_insert_with(|| Confirms {
+                    next_tag: 1,
+                    pending: BTreeMap::new(),
+                });
+            }
+            _ => {}
+        }
+        let _ = call.tx.send(Ok(reply));
         Ok(())
     }
 }

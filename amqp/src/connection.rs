@@ -140,34 +140,8 @@ impl Connection {
             } => (server_properties, mechanisms),
             other => return Err(unexpected("connection.start", &other)),
         };
-        let (mechanism, response) = if uri.external_auth {
-            ("EXTERNAL", LongString::from(""))
-        } else {
-            let mut r = Vec::with_capacity(uri.user.len() + uri.password.len() + 2);
-            r.push(0);
-            r.extend_from_slice(uri.user.as_bytes());
-            r.push(0);
-            r.extend_from_slice(uri.password.as_bytes());
-            ("PLAIN", LongString::from(r))
-        };
-        let offered = mechanisms
-            .to_str()
-            .unwrap_or_default()
-            .split(' ')
-            .any(|m| m == mechanism);
-        if !offered {
-            return Err(Error::Auth(format!(
-                "the broker offers {:?}, not {mechanism}",
-                String::from_utf8_lossy(mechanisms.as_bytes())
-            )));
-        }
+        let (start_ok, mechanism) = start_ok(options, &mechanisms)?;
         let mut out = BytesMut::new();
-        let start_ok = Method::ConnectionStartOk {
-            client_properties: client_properties(options.connection_name.as_deref()),
-            mechanism: ShortString::try_from(mechanism)?,
-            response,
-            locale: ShortString::try_from("en_US")?,
-        };
         frame::put(&mut out, frame::METHOD, 0, |b| start_ok.encode(b));
         write.write_all(&out).await?;
 
@@ -185,21 +159,7 @@ impl Connection {
             Method::ConnectionClose(close) => return Err(Error::Auth(CloseReason::from(&close).to_string())),
             other => return Err(unexpected("connection.tune", &other)),
         };
-        let negotiate = |ours: u32, theirs: u32| match (ours, theirs) {
-            (0, t) => t,
-            (o, 0) => o,
-            (o, t) => o.min(t),
-        };
-        let frame_max = negotiate(uri.frame_max.unwrap_or(0), frame_max).max(4096);
-        let channel_max = match negotiate(u32::from(uri.channel_max.unwrap_or(0)), u32::from(channel_max)) {
-            0 => u16::MAX,
-            n => n as u16,
-        };
-        let heartbeat = match (uri.heartbeat.unwrap_or(DEFAULT_HEARTBEAT_SECS), heartbeat) {
-            (0, _) => 0,
-            (ours, 0) => ours,
-            (ours, theirs) => ours.min(theirs),
-        };
+        let (channel_max, frame_max, heartbeat) = tuned(uri, channel_max, frame_max, heartbeat);
         let mut out = BytesMut::new();
         let tune_ok = Method::ConnectionTuneOk {
             channel_max,
@@ -554,4 +514,59 @@ async fn write_loop<W: AsyncWrite + Unpin>(io: Arc<Io>, mut write: W) {
             return;
         }
     }
+}
+
+/// The `connection.start-ok` for the broker's `mechanisms`: EXTERNAL with a client certificate,
+/// else PLAIN with the URI's user and password; and the mechanism's name.
+fn start_ok(options: &ConnectOptions, mechanisms: &LongString) -> Result<(Method, &'static str)> {
+    let uri = &options.uri;
+    let (mechanism, response) = if uri.external_auth {
+        ("EXTERNAL", LongString::from(""))
+    } else {
+        let mut r = Vec::with_capacity(uri.user.len() + uri.password.len() + 2);
+        r.push(0);
+        r.extend_from_slice(uri.user.as_bytes());
+        r.push(0);
+        r.extend_from_slice(uri.password.as_bytes());
+        ("PLAIN", LongString::from(r))
+    };
+    let offered = mechanisms
+        .to_str()
+        .unwrap_or_default()
+        .split(' ')
+        .any(|m| m == mechanism);
+    if !offered {
+        return Err(Error::Auth(format!(
+            "the broker offers {:?}, not {mechanism}",
+            String::from_utf8_lossy(mechanisms.as_bytes())
+        )));
+    }
+    let start_ok = Method::ConnectionStartOk {
+        client_properties: client_properties(options.connection_name.as_deref()),
+        mechanism: ShortString::try_from(mechanism)?,
+        response,
+        locale: ShortString::try_from("en_US")?,
+    };
+    Ok((start_ok, mechanism))
+}
+
+/// The channel-max, frame-max and heartbeat both sides agree on: the lower of two limits, where
+/// 0 means none (a heartbeat of 0 on our side turns it off).
+fn tuned(uri: &AmqpUri, channel_max: u16, frame_max: u32, heartbeat: u16) -> (u16, u32, u16) {
+    let negotiate = |ours: u32, theirs: u32| match (ours, theirs) {
+        (0, t) => t,
+        (o, 0) => o,
+        (o, t) => o.min(t),
+    };
+    let frame_max = negotiate(uri.frame_max.unwrap_or(0), frame_max).max(4096);
+    let channel_max = match negotiate(u32::from(uri.channel_max.unwrap_or(0)), u32::from(channel_max)) {
+        0 => u16::MAX,
+        n => n as u16,
+    };
+    let heartbeat = match (uri.heartbeat.unwrap_or(DEFAULT_HEARTBEAT_SECS), heartbeat) {
+        (0, _) => 0,
+        (ours, 0) => ours,
+        (ours, theirs) => ours.min(theirs),
+    };
+    (channel_max, frame_max, heartbeat)
 }
