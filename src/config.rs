@@ -317,7 +317,7 @@ struct RawTls {
 }
 
 /// `amqp.urls`: a list, or one string of comma-separated URIs (as an environment variable).
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
 enum RawUrls {
     Many(Vec<String>),
@@ -644,6 +644,79 @@ fn validate(
     raw_ladders: Vec<(String, PathBuf, RawLadder)>,
 ) -> Result<Config, ConfigError> {
     let base = file.parent().unwrap_or_else(|| Path::new("."));
+    let limits = validate_limits(file, &raw)?;
+    let amqp = validate_amqp(file, base, raw.amqp)?;
+    let namespace = raw.namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+    check_namespace(&namespace).map_err(|p| ConfigError::new(file, "namespace", p))?;
+    let admin = validate_admin(file, base, &raw.admin)?;
+    let ladders = raw_ladders
+        .into_iter()
+        .map(|(name, path, raw)| validate_ladder(&namespace, name, &path, raw))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Config {
+        file: file.to_path_buf(),
+        amqp,
+        namespace,
+        ladders_dir,
+        ladders,
+        limits,
+        shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
+        admin,
+    })
+}
+
+/// `[amqp]`: the brokers, TLS, reconnecting and the heartbeat.
+fn validate_amqp(file: &Path, base: &Path, raw: RawAmqp) -> Result<AmqpConfig, ConfigError> {
+    let urls = validate_urls(file, base, &raw)?;
+    let tls = validate_tls(file, base, raw.tls, &urls)?;
+    let reconnect_min = raw.reconnect_min.unwrap_or(DEFAULT_RECONNECT_MIN);
+    let reconnect_max = raw.reconnect_max.unwrap_or(DEFAULT_RECONNECT_MAX);
+    if reconnect_min.is_zero() || reconnect_min > reconnect_max {
+        return Err(ConfigError::new(
+            file,
+            "amqp.reconnect_min",
+            "must be above zero and at most amqp.reconnect_max",
+        ));
+    }
+    let heartbeat = raw.heartbeat.unwrap_or(DEFAULT_HEARTBEAT);
+    if heartbeat.subsec_nanos() != 0 || heartbeat.as_secs() > u64::from(u16::MAX) {
+        return Err(ConfigError::new(
+            file,
+            "amqp.heartbeat",
+            "must be whole seconds, at most 65535 s (\"0s\" turns heartbeats off)",
+        ));
+    }
+    let heartbeat_timeout = raw.heartbeat_timeout.unwrap_or(if raw.heartbeat.is_some() {
+        heartbeat * 3
+    } else {
+        DEFAULT_HEARTBEAT_TIMEOUT
+    });
+    if !heartbeat.is_zero() && heartbeat_timeout <= heartbeat {
+        return Err(ConfigError::new(
+            file,
+            "amqp.heartbeat_timeout",
+            "must be longer than amqp.heartbeat (three intervals leave RabbitMQ's heartbeats a margin)",
+        ));
+    }
+    let stall_timeout = raw.stall_timeout.unwrap_or(DEFAULT_STALL_TIMEOUT);
+    if stall_timeout < Duration::from_millis(500) {
+        return Err(ConfigError::new(file, "amqp.stall_timeout", "must be at least 500ms"));
+    }
+    Ok(AmqpConfig {
+        urls: urls.into_iter().map(SecretUri::new).collect(),
+        connection_name: raw.connection_name.unwrap_or_else(|| DEFAULT_CONNECTION_NAME.into()),
+        reconnect_min,
+        reconnect_max,
+        heartbeat,
+        heartbeat_timeout,
+        stall_timeout,
+        tls,
+    })
+}
+
+/// The brokers' URIs, from exactly one of `amqp.url`, `amqp.urls`, `amqp.url_file` and
+/// `amqp.urls_file`, each one parsed.
+fn validate_urls(file: &Path, base: &Path, raw: &RawAmqp) -> Result<Vec<String>, ConfigError> {
     let split = |list: &str| -> Vec<String> {
         list.split([',', '\n'])
             .map(str::trim)
@@ -652,10 +725,10 @@ fn validate(
             .collect()
     };
     let given: Vec<&str> = [
-        ("amqp.url", raw.amqp.url.is_some()),
-        ("amqp.urls", raw.amqp.urls.is_some()),
-        ("amqp.url_file", raw.amqp.url_file.is_some()),
-        ("amqp.urls_file", raw.amqp.urls_file.is_some()),
+        ("amqp.url", raw.url.is_some()),
+        ("amqp.urls", raw.urls.is_some()),
+        ("amqp.url_file", raw.url_file.is_some()),
+        ("amqp.urls_file", raw.urls_file.is_some()),
     ]
     .into_iter()
     .filter_map(|(key, set)| set.then_some(key))
@@ -667,14 +740,14 @@ fn validate(
             format!("give one of {}, not several", given.join(", ")),
         ));
     }
-    let (key, urls) = match (raw.amqp.url, raw.amqp.urls, raw.amqp.url_file, raw.amqp.urls_file) {
+    let (key, urls) = match (raw.url.clone(), raw.urls.clone(), &raw.url_file, &raw.urls_file) {
         (Some(url), ..) => ("amqp.url", vec![url]),
         (_, Some(RawUrls::Many(urls)), ..) => ("amqp.urls", urls),
         (_, Some(RawUrls::One(list)), ..) => ("amqp.urls", split(&list)),
-        (_, _, Some(path), _) => ("amqp.url_file", vec![read_secret(file, base, "amqp.url_file", &path)?]),
+        (_, _, Some(path), _) => ("amqp.url_file", vec![read_secret(file, base, "amqp.url_file", path)?]),
         (_, _, _, Some(path)) => (
             "amqp.urls_file",
-            split(&read_secret(file, base, "amqp.urls_file", &path)?),
+            split(&read_secret(file, base, "amqp.urls_file", path)?),
         ),
         (None, None, None, None) => ("amqp.url", vec![DEFAULT_AMQP_URL.to_string()]),
     };
@@ -692,44 +765,11 @@ fn validate(
             return Err(ConfigError::new(file, key, format!("not an AMQP URI{which}: {e}")));
         }
     }
-    let tls = validate_tls(file, base, raw.amqp.tls, &urls)?;
-    let reconnect_min = raw.amqp.reconnect_min.unwrap_or(DEFAULT_RECONNECT_MIN);
-    let reconnect_max = raw.amqp.reconnect_max.unwrap_or(DEFAULT_RECONNECT_MAX);
-    if reconnect_min.is_zero() || reconnect_min > reconnect_max {
-        return Err(ConfigError::new(
-            file,
-            "amqp.reconnect_min",
-            "must be above zero and at most amqp.reconnect_max",
-        ));
-    }
-    let heartbeat = raw.amqp.heartbeat.unwrap_or(DEFAULT_HEARTBEAT);
-    if heartbeat.subsec_nanos() != 0 || heartbeat.as_secs() > u64::from(u16::MAX) {
-        return Err(ConfigError::new(
-            file,
-            "amqp.heartbeat",
-            "must be whole seconds, at most 65535 s (\"0s\" turns heartbeats off)",
-        ));
-    }
-    let heartbeat_timeout = raw.amqp.heartbeat_timeout.unwrap_or(if raw.amqp.heartbeat.is_some() {
-        heartbeat * 3
-    } else {
-        DEFAULT_HEARTBEAT_TIMEOUT
-    });
-    if !heartbeat.is_zero() && heartbeat_timeout <= heartbeat {
-        return Err(ConfigError::new(
-            file,
-            "amqp.heartbeat_timeout",
-            "must be longer than amqp.heartbeat (three intervals leave RabbitMQ's heartbeats a margin)",
-        ));
-    }
-    let stall_timeout = raw.amqp.stall_timeout.unwrap_or(DEFAULT_STALL_TIMEOUT);
-    if stall_timeout < Duration::from_millis(500) {
-        return Err(ConfigError::new(file, "amqp.stall_timeout", "must be at least 500ms"));
-    }
+    Ok(urls)
+}
 
-    let namespace = raw.namespace.unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
-    check_namespace(&namespace).map_err(|p| ConfigError::new(file, "namespace", p))?;
-
+/// The bounds: prefetch, in-flight deliveries per destination, header and reason sizes.
+fn validate_limits(file: &Path, raw: &RawConfig) -> Result<Limits, ConfigError> {
     let prefetch = raw.prefetch.unwrap_or(DEFAULT_PREFETCH);
     if !(1..=u16::MAX as u32).contains(&prefetch) {
         return Err(ConfigError::new(file, "prefetch", "must be between 1 and 65535"));
@@ -760,40 +800,11 @@ fn validate(
             "must be between 16 and half of max_header_bytes",
         ));
     }
-
-    let admin = validate_admin(file, base, &raw.admin)?;
-
-    let ladders = raw_ladders
-        .into_iter()
-        .map(|(name, path, raw)| validate_ladder(&namespace, name, &path, raw))
-        .collect::<Result<Vec<_>, _>>()?;
-
-    Ok(Config {
-        file: file.to_path_buf(),
-        amqp: AmqpConfig {
-            urls: urls.into_iter().map(SecretUri::new).collect(),
-            connection_name: raw
-                .amqp
-                .connection_name
-                .unwrap_or_else(|| DEFAULT_CONNECTION_NAME.into()),
-            reconnect_min,
-            reconnect_max,
-            heartbeat,
-            heartbeat_timeout,
-            stall_timeout,
-            tls,
-        },
-        namespace,
-        ladders_dir,
-        ladders,
-        limits: Limits {
-            prefetch: prefetch as u16,
-            max_in_flight_per_destination: per_destination as u16,
-            max_header_bytes,
-            max_reason_bytes,
-        },
-        shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
-        admin,
+    Ok(Limits {
+        prefetch: prefetch as u16,
+        max_in_flight_per_destination: per_destination as u16,
+        max_header_bytes,
+        max_reason_bytes,
     })
 }
 
