@@ -889,6 +889,40 @@ fn validate_admin(file: &Path, base: &Path, raw: &RawAdmin) -> Result<AdminConfi
             format!("must be at least {}", humantime::format_duration(MIN_POLL_INTERVAL)),
         ));
     }
+    let tokens = validate_tokens(file, base, raw)?;
+    let allowed_hosts = match &raw.allowed_hosts {
+        None => Vec::new(),
+        Some(RawUrls::Many(hosts)) => hosts.clone(),
+        Some(RawUrls::One(list)) => list.split(',').map(str::to_string).collect(),
+    };
+    let allowed_hosts: Vec<String> = allowed_hosts
+        .iter()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| !h.is_empty())
+        .collect();
+    if let Some(bad) = allowed_hosts.iter().find(|h| {
+        *h != "*"
+            && !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+    }) {
+        return Err(ConfigError::new(
+            file,
+            "admin.allowed_hosts",
+            format!("{bad:?} is not a host name (no port, no scheme; \"*\" allows any)"),
+        ));
+    }
+    Ok(AdminConfig {
+        bind,
+        poll_interval,
+        tokens,
+        allowed_hosts,
+    })
+}
+
+/// The operators' tokens, from `admin.tokens`, `admin.token_files` and `admin.tokens_dir`:
+/// each named once, with a name and a length that hold.
+fn validate_tokens(file: &Path, base: &Path, raw: &RawAdmin) -> Result<Vec<OperatorToken>, ConfigError> {
     // every token with where it came from, for errors: the file's tables, then token files
     let mut sources: Vec<(String, String, String)> = raw
         .tokens
@@ -950,34 +984,7 @@ fn validate_admin(file: &Path, base: &Path, raw: &RawAdmin) -> Result<AdminConfi
             token: token.clone(),
         });
     }
-    let allowed_hosts = match &raw.allowed_hosts {
-        None => Vec::new(),
-        Some(RawUrls::Many(hosts)) => hosts.clone(),
-        Some(RawUrls::One(list)) => list.split(',').map(str::to_string).collect(),
-    };
-    let allowed_hosts: Vec<String> = allowed_hosts
-        .iter()
-        .map(|h| h.trim().to_ascii_lowercase())
-        .filter(|h| !h.is_empty())
-        .collect();
-    if let Some(bad) = allowed_hosts.iter().find(|h| {
-        *h != "*"
-            && !h
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
-    }) {
-        return Err(ConfigError::new(
-            file,
-            "admin.allowed_hosts",
-            format!("{bad:?} is not a host name (no port, no scheme; \"*\" allows any)"),
-        ));
-    }
-    Ok(AdminConfig {
-        bind,
-        poll_interval,
-        tokens,
-        allowed_hosts,
-    })
+    Ok(tokens)
 }
 
 fn check_namespace(namespace: &str) -> Result<(), String> {
@@ -999,22 +1006,7 @@ pub const RESERVED_LADDER_NAMES: [&str; 2] = ["due", "stray"];
 
 fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -> Result<LadderSpec, ConfigError> {
     let err = |key: &str, problem: String| ConfigError::new(file, key, problem);
-    let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
-    if name.is_empty() || !name.chars().all(name_ok) {
-        return Err(err(
-            "-",
-            format!("ladder name {name:?} (the file stem) may use only letters, digits, '-' and '_'"),
-        ));
-    }
-    if RESERVED_LADDER_NAMES.contains(&name.as_str()) {
-        return Err(err(
-            "-",
-            format!(
-                "ladder name {name:?} (the file stem) is the name of an exchange every ladder of the namespace \
-                 shares ({namespace}.{name}); rename the file"
-            ),
-        ));
-    }
+    check_ladder_name(namespace, &name).map_err(|p| err("-", p))?;
     if raw.backoff.is_empty() {
         return Err(err("backoff", "must list at least one delay".into()));
     }
@@ -1050,30 +1042,7 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
             "at-least-once needs queue_type = \"quorum\"; classic queues dead-letter at-most-once".into(),
         ));
     }
-    let senders = match (raw.senders, raw.unidentified) {
-        (None, None) => None,
-        (None, Some(_)) => {
-            return Err(err(
-                "unidentified",
-                "applies only to a ladder that lists its senders".into(),
-            ));
-        }
-        (Some(grants), unidentified) => Some(Senders {
-            grants: grants
-                .into_iter()
-                .map(|(user, patterns)| {
-                    let key = format!("senders.{user}");
-                    if user.is_empty() {
-                        return Err(err(&key, "a sender is a broker user name, not empty".into()));
-                    }
-                    RegexSet::new(&patterns)
-                        .map(|set| (user, set))
-                        .map_err(|e| err(&key, format!("invalid regex: {e}")))
-                })
-                .collect::<Result<_, _>>()?,
-            unidentified: unidentified.unwrap_or(DEFAULT_UNIDENTIFIED),
-        }),
-    };
+    let senders = validate_senders(raw.senders, raw.unidentified, &err)?;
     let exact_delays = raw.exact_delays.unwrap_or(DEFAULT_EXACT_DELAYS);
     let jitter = raw
         .jitter
@@ -1120,6 +1089,57 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         ));
     }
     Ok(spec)
+}
+
+/// A ladder's name (its file's stem): letters, digits, `-` and `_`, and not a name the
+/// namespace's shared objects take.
+fn check_ladder_name(namespace: &str, name: &str) -> Result<(), String> {
+    let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
+    if name.is_empty() || !name.chars().all(name_ok) {
+        return Err(format!(
+            "ladder name {name:?} (the file stem) may use only letters, digits, '-' and '_'"
+        ));
+    }
+    if RESERVED_LADDER_NAMES.contains(&name) {
+        return Err(format!(
+            "ladder name {name:?} (the file stem) is the name of an exchange every ladder of the namespace \
+             shares ({namespace}.{name}); rename the file"
+        ));
+    }
+    Ok(())
+}
+
+/// A ladder's `senders` (broker user → the destinations it may send failures to) and what
+/// becomes of a failure from no listed sender (`unidentified`).
+fn validate_senders(
+    senders: Option<BTreeMap<String, Vec<String>>>,
+    unidentified: Option<Unidentified>,
+    err: &impl Fn(&str, String) -> ConfigError,
+) -> Result<Option<Senders>, ConfigError> {
+    Ok(match (senders, unidentified) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(err(
+                "unidentified",
+                "applies only to a ladder that lists its senders".into(),
+            ));
+        }
+        (Some(grants), unidentified) => Some(Senders {
+            grants: grants
+                .into_iter()
+                .map(|(user, patterns)| {
+                    let key = format!("senders.{user}");
+                    if user.is_empty() {
+                        return Err(err(&key, "a sender is a broker user name, not empty".into()));
+                    }
+                    RegexSet::new(&patterns)
+                        .map(|set| (user, set))
+                        .map_err(|e| err(&key, format!("invalid regex: {e}")))
+                })
+                .collect::<Result<_, _>>()?,
+            unidentified: unidentified.unwrap_or(DEFAULT_UNIDENTIFIED),
+        }),
+    })
 }
 
 /// A ladder's `jitter`: a percentage from 0% to 50% (`"10%"`, `"2.5%"`), kept in thousandths.
