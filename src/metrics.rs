@@ -160,127 +160,141 @@ impl Metrics {
             broker_blocked_episodes: Counter::default(),
             registry: Registry::default(),
         };
+        m.register_flow(&mut registry);
+        m.register_state(&mut registry);
+        Metrics { registry, ..m }
+    }
+
+    /// Registers what the hops count as messages pass: received, scheduled, delivered, parked, deferred, held and released.
+    fn register_flow(&self, registry: &mut Registry) {
         registry.register(
             "ladder_received_messages",
             "Deliveries taken from a ladder's intake or due queue",
-            m.received.clone(),
+            self.received.clone(),
         );
         registry.register(
             "ladder_scheduled_messages",
             "Retries published (and confirmed) into a tier",
-            m.scheduled.clone(),
+            self.scheduled.clone(),
         );
         registry.register(
             "ladder_delivered_messages",
             "Retries published (and confirmed) to their destination queue",
-            m.delivered.clone(),
+            self.delivered.clone(),
         );
-        registry.register("ladder_parked_messages", "Messages parked, by reason", m.parked.clone());
+        registry.register(
+            "ladder_parked_messages",
+            "Messages parked, by reason",
+            self.parked.clone(),
+        );
         registry.register(
             "ladder_entered_messages",
             "Messages that entered a ladder: intake deliveries it settled, and failures its due hop took in past the intake",
-            m.entered.clone(),
+            self.entered.clone(),
         );
         registry.register(
             "ladder_publish_failures",
             "Publishes the broker nacked or parks it refused; the delivery is held and published again",
-            m.publish_failures.clone(),
+            self.publish_failures.clone(),
         );
         registry.register(
             "ladder_returned_messages",
             "Mandatory publishes the broker returned as unroutable (then parked as no-route)",
-            m.returned.clone(),
+            self.returned.clone(),
         );
         registry.register(
             "ladder_deferred_messages",
             "Due messages put back into a tier instead of delivered, by reason: the destination refused them (refused) or had its bound in flight (busy); no attempt is counted",
-            m.deferred.clone(),
+            self.deferred.clone(),
         );
         registry.register(
             "ladder_hold_transitions",
             "Destination hold transitions read from the hold stream, by kind: held, resumed, released (a release found the held queue empty), auto_held, auto_resumed, probed (a replica released a probe), probe_failed (a replica's intake saw it fail); and probe (a probe this process released)",
-            m.hold_transitions.clone(),
+            self.hold_transitions.clone(),
         );
         registry.register(
             "ladder_destinations_held",
             "Destinations held or being released, as this process read the hold stream",
-            m.destinations_held.clone(),
+            self.destinations_held.clone(),
         );
         registry.register(
             "ladder_held_messages",
             "Due messages put (and confirmed) into a held destination's queue instead of delivered; no attempt is counted",
-            m.held_messages.clone(),
+            self.held_messages.clone(),
         );
         registry.register(
             "ladder_released_messages",
             "Messages released (and confirmed) from a held queue to their destination, probes included",
-            m.released_messages.clone(),
+            self.released_messages.clone(),
         );
+    }
+
+    /// Registers what the hops and the poller measure and the service's own state: timings, queues, the accounting, sessions, reloads and alarms.
+    fn register_state(&self, registry: &mut Registry) {
         registry.register(
             "ladder_lateness_seconds",
             "Redelivery time minus the due time (retry-due-at)",
-            m.lateness.clone(),
+            self.lateness.clone(),
         );
         registry.register(
             "ladder_hop_duration_seconds",
             "From receiving a delivery to acking it (publish and confirm included)",
-            m.hop_duration.clone(),
+            self.hop_duration.clone(),
         );
         registry.register(
             "ladder_in_flight_messages",
             "Deliveries received and not yet settled",
-            m.in_flight.clone(),
+            self.in_flight.clone(),
         );
         registry.register(
             "ladder_queue_messages",
             "Messages in a ladder's queues at the latest poll: ready messages; for the parked stream, its length",
-            m.queue_messages.clone(),
+            self.queue_messages.clone(),
         );
         registry.register(
             "ladder_tier_next_leave_timestamp_seconds",
             "When the next message this process put into a tier leaves it (tier TTL after it went in, to a 1024th of the TTL), at the latest poll; 0 when none it knows of waits",
-            m.next_leave.clone(),
+            self.next_leave.clone(),
         );
         registry.register(
             "ladder_unaccounted_messages",
             "Messages the accounting identity cannot place (should stay 0)",
-            m.unaccounted.clone(),
+            self.unaccounted.clone(),
         );
         registry.register(
             "ladder_unaccounted_alarms",
             "Times the accounting identity found messages it cannot place",
-            m.unaccounted_alarms.clone(),
+            self.unaccounted_alarms.clone(),
         );
         registry.register(
             "ladder_in_doubt_messages",
             "Messages whose fate the accounting identity does not know yet after a disruption (a partition, a lost session): not counted as lost",
-            m.in_doubt.clone(),
+            self.in_doubt.clone(),
         );
         registry.register(
             "ladder_reconnects",
             "Broker sessions started after a lost connection",
-            m.reconnects.clone(),
+            self.reconnects.clone(),
         );
         registry.register(
             "ladder_config_reloads",
             "SIGHUP reloads of the config and ladder files, by result (applied, unchanged, invalid)",
-            m.reloads.clone(),
+            self.reloads.clone(),
         );
         // at 0 from the start, so an alert on an increase sees the first one
         for result in ["applied", "unchanged", "invalid"] {
-            let _ = m.reloads.get_or_create(&ResultLabel { result: result.into() });
+            let _ = self.reloads.get_or_create(&ResultLabel { result: result.into() });
         }
         registry.register(
             "ladder_broker_blocked",
             "1 while the broker blocks the service's publishes (a memory or disk alarm: connection.blocked)",
-            m.broker_blocked.clone(),
+            self.broker_blocked.clone(),
         );
         registry.register(
             "ladder_broker_blocked_episodes",
             "Times the broker started blocking the service's publishes (resource alarms)",
-            m.broker_blocked_episodes.clone(),
+            self.broker_blocked_episodes.clone(),
         );
-        Metrics { registry, ..m }
     }
 
     /// Counts a SIGHUP reload that ended in `result` (`applied`, `unchanged`, `invalid`).
@@ -341,29 +355,7 @@ impl Metrics {
                     .clone(),
                 released: Counter::default(),
             }),
-            scheduled: spec
-                .tiers
-                .iter()
-                .map(|tier| {
-                    let labels = TierLabels {
-                        ladder: ladder.clone(),
-                        tier: tier.name.clone(),
-                    };
-                    let leaving = self
-                        .leaving
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .entry((ladder.clone(), tier.name.clone()))
-                        .or_insert_with(|| Arc::new(Mutex::new(LeaveTimes::new(tier.ttl_ms()))))
-                        .clone();
-                    TierHandles {
-                        name: tier.name.clone(),
-                        scheduled: self.scheduled.get_or_create(&labels).clone(),
-                        next_leave: self.next_leave.get_or_create(&labels).clone(),
-                        leaving,
-                    }
-                })
-                .collect(),
+            scheduled: spec.tiers.iter().map(|tier| self.tier(&ladder, tier)).collect(),
             entered: self
                 .entered
                 .get_or_create(&LadderLabel { ladder: ladder.clone() })
@@ -390,6 +382,28 @@ impl Metrics {
                 };
                 self.parked.get_or_create(&labels).clone()
             }),
+        }
+    }
+
+    /// The handles of one tier of `ladder`: its scheduled count, and when its next message
+    /// leaves.
+    fn tier(&self, ladder: &str, tier: &crate::model::ladder::Tier) -> TierHandles {
+        let labels = TierLabels {
+            ladder: ladder.to_string(),
+            tier: tier.name.clone(),
+        };
+        let leaving = self
+            .leaving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((ladder.to_string(), tier.name.clone()))
+            .or_insert_with(|| Arc::new(Mutex::new(LeaveTimes::new(tier.ttl_ms()))))
+            .clone();
+        TierHandles {
+            name: tier.name.clone(),
+            scheduled: self.scheduled.get_or_create(&labels).clone(),
+            next_leave: self.next_leave.get_or_create(&labels).clone(),
+            leaving,
         }
     }
 
