@@ -272,9 +272,18 @@ pub async fn follow(
     changed_notify: Option<&tokio::sync::Notify>,
     stop: &CancellationToken,
 ) -> Result<(), HoldError> {
+    let follower = Follower {
+        connection,
+        names,
+        spec,
+        holds,
+        metrics,
+        changed_notify,
+        stop,
+    };
     holds.set_caught_up(false);
-    let marker_id = crate::clock::unique_id("holds");
-    let marker = serde_json::json!({"format": FOLLOW_MARKER_FORMAT, "id": marker_id});
+    let mut reading = Reading::new();
+    let marker = serde_json::json!({"format": FOLLOW_MARKER_FORMAT, "id": reading.marker_id});
     append(
         connection,
         &names.holds,
@@ -292,14 +301,6 @@ pub async fn follow(
         channel.basic_consume(&names.holds, "", false, args),
     )
     .await?;
-    let mut catchup = Catchup::default();
-    // the state is the fold of the whole stream (not a cut read past without a checkpoint), so
-    // this follower may write checkpoints of it
-    let mut exact = true;
-    let mut since_checkpoint: u64 = 0;
-    // drawn once: replicas reach their thresholds at different times, and the first checkpoint
-    // in the stream resets every follower's count
-    let threshold = CHECKPOINT_EVERY_BYTES + fastrand::u64(0..=CHECKPOINT_EVERY_BYTES / 2);
     loop {
         let delivery = tokio::select! {
             () = stop.cancelled() => break,
@@ -319,76 +320,17 @@ pub async fn follow(
             channel.basic_ack(delivery.delivery_tag, false)?;
             continue;
         };
-        since_checkpoint = since_checkpoint.saturating_add(delivery.body.len() as u64);
-        let fold = match delivery.properties.kind.as_ref().and_then(|k| k.to_str()) {
-            Some(HOLD_FORMAT) => match HoldRecord::from_slice(&delivery.body) {
-                Some(record) => catchup.record(offset, record),
-                None => {
-                    debug!("an unreadable hold record; skipped");
-                    catchup.other(offset);
-                    Fold::Apply(Vec::new())
-                }
-            },
-            Some(CHECKPOINT_FORMAT) => {
-                since_checkpoint = 0;
-                match Checkpoint::from_slice(&delivery.body) {
-                    Some(checkpoint) => catchup.checkpoint(offset, &checkpoint, spec.release_rate),
-                    None => {
-                        catchup.other(offset);
-                        Fold::Apply(Vec::new())
-                    }
-                }
-            }
-            Some(FOLLOW_MARKER_FORMAT) => {
-                catchup.other(offset);
-                let ours = serde_json::from_slice::<serde_json::Value>(&delivery.body)
-                    .ok()
-                    .is_some_and(|v| v["id"] == marker_id.as_str());
-                if ours && catchup.uncovered() {
-                    // only a retention below what a checkpoint spans can do this
-                    error!(ladder = %spec.name, stream = %names.holds,
-                           "the hold stream was cut by its retention and holds no checkpoint that covers the cut; \
-                            holds recorded before the cut are lost (hold them again)");
-                    exact = false;
-                    let kept = catchup.give_up();
-                    if !apply_records(connection, names, spec, holds, metrics, changed_notify, &kept, stop).await {
-                        return Ok(());
-                    }
-                }
-                if ours && !holds.caught_up() {
-                    debug!(held = holds.snapshot().held_count(), "holds caught up");
-                    holds.set_caught_up(true);
-                }
-                Fold::Apply(Vec::new())
-            }
-            _ => {
-                catchup.other(offset);
-                Fold::Apply(Vec::new())
-            }
-        };
-        let applied = match fold {
-            Fold::Apply(records) => {
-                apply_records(connection, names, spec, holds, metrics, changed_notify, &records, stop).await
-            }
-            Fold::Restore(state, records) => {
-                for h in state.all().filter(|h| h.holds_back()) {
-                    if !declare_until_done(connection, names, spec, &h.destination, stop).await {
-                        return Ok(());
-                    }
-                }
-                debug!(ladder = %spec.name, held = state.held_count(), "hold state restored from a checkpoint");
-                holds.restore(state);
-                if let Some(notify) = changed_notify {
-                    notify.notify_one();
-                }
-                apply_records(connection, names, spec, holds, metrics, changed_notify, &records, stop).await
-            }
-        };
-        if !applied {
+        let kind = delivery.properties.kind.as_ref().and_then(|k| k.to_str());
+        let (fold, ours) = reading.fold(kind, &delivery.body, offset, spec, names);
+        if !follower.apply(fold).await {
             return Ok(());
         }
+        if ours && !holds.caught_up() {
+            debug!(held = holds.snapshot().held_count(), "holds caught up");
+            holds.set_caught_up(true);
+        }
         channel.basic_ack(delivery.delivery_tag, false)?;
-        if metrics.is_some() && exact && holds.caught_up() && since_checkpoint >= threshold {
+        if metrics.is_some() && reading.checkpoint_due(holds) {
             let checkpoint = holds.snapshot().checkpoint(offset, now_ms());
             match append(connection, &names.holds, CHECKPOINT_FORMAT, &checkpoint.to_json()).await {
                 Ok(()) => debug!(ladder = %spec.name, upto = offset, "hold state checkpointed"),
@@ -396,12 +338,171 @@ pub async fn follow(
                 Err(e) => warn!(ladder = %spec.name, error = %e, "cannot append a hold checkpoint"),
             }
             // counted again from here; this checkpoint, read back, resets it too
-            since_checkpoint = 0;
+            reading.since_checkpoint = 0;
         }
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.basic_cancel(consumer.tag())).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, "stopped")).await;
     Ok(())
+}
+
+/// A hold follower's reading of its stream: the catch-up, and when to write a checkpoint.
+struct Reading {
+    catchup: Catchup,
+    /// The marker this follower appended: read back, it has caught up.
+    marker_id: String,
+    /// The state is the fold of the whole stream (not a cut read past without a checkpoint),
+    /// so this follower may write checkpoints of it.
+    exact: bool,
+    /// Bytes read since the latest checkpoint.
+    since_checkpoint: u64,
+    /// Bytes after which a checkpoint is written: drawn once, as replicas reach it at
+    /// different times and the first checkpoint in the stream resets every follower's count.
+    threshold: u64,
+}
+
+impl Reading {
+    fn new() -> Self {
+        Reading {
+            catchup: Catchup::default(),
+            marker_id: crate::clock::unique_id("holds"),
+            exact: true,
+            since_checkpoint: 0,
+            threshold: CHECKPOINT_EVERY_BYTES + fastrand::u64(0..=CHECKPOINT_EVERY_BYTES / 2),
+        }
+    }
+
+    /// Folds the record at `offset`, of format `kind`; the flag: it is this follower's marker.
+    fn fold(&mut self, kind: Option<&str>, body: &[u8], offset: u64, spec: &LadderSpec, names: &Names) -> (Fold, bool) {
+        self.since_checkpoint = self.since_checkpoint.saturating_add(body.len() as u64);
+        let nothing = Fold::Apply(Vec::new());
+        match kind {
+            Some(HOLD_FORMAT) => match HoldRecord::from_slice(body) {
+                Some(record) => (self.catchup.record(offset, record), false),
+                None => {
+                    debug!("an unreadable hold record; skipped");
+                    self.catchup.other(offset);
+                    (nothing, false)
+                }
+            },
+            Some(CHECKPOINT_FORMAT) => {
+                self.since_checkpoint = 0;
+                match Checkpoint::from_slice(body) {
+                    Some(checkpoint) => (self.catchup.checkpoint(offset, &checkpoint, spec.release_rate), false),
+                    None => {
+                        self.catchup.other(offset);
+                        (nothing, false)
+                    }
+                }
+            }
+            Some(FOLLOW_MARKER_FORMAT) => {
+                self.catchup.other(offset);
+                let ours = serde_json::from_slice::<serde_json::Value>(body)
+                    .ok()
+                    .is_some_and(|v| v["id"] == self.marker_id.as_str());
+                if ours && self.catchup.uncovered() {
+                    // only a retention below what a checkpoint spans can do this
+                    error!(ladder = %spec.name, stream = %names.holds,
+                           "the hold stream was cut by its retention and holds no checkpoint that covers the cut; \
+                            holds recorded before the cut are lost (hold them again)");
+                    self.exact = false;
+                    return (Fold::Apply(self.catchup.give_up()), true);
+                }
+                (nothing, ours)
+            }
+            _ => {
+                self.catchup.other(offset);
+                (nothing, false)
+            }
+        }
+    }
+
+    /// Whether to write a checkpoint of `holds` now.
+    fn checkpoint_due(&self, holds: &SharedHolds) -> bool {
+        self.exact && holds.caught_up() && self.since_checkpoint >= self.threshold
+    }
+}
+
+/// What a hold follower applies what it reads with.
+struct Follower<'a> {
+    connection: &'a Connection,
+    names: &'a Names,
+    spec: &'a LadderSpec,
+    holds: &'a SharedHolds,
+    metrics: Option<&'a crate::metrics::HoldMetrics>,
+    changed_notify: Option<&'a tokio::sync::Notify>,
+    stop: &'a CancellationToken,
+}
+
+impl Follower<'_> {
+    /// Applies `fold`; `false` if `stop` came first.
+    async fn apply(&self, fold: Fold) -> bool {
+        let records = match fold {
+            Fold::Apply(records) => records,
+            Fold::Restore(state, records) => {
+                for h in state.all().filter(|h| h.holds_back()) {
+                    if !declare_until_done(self.connection, self.names, self.spec, &h.destination, self.stop).await {
+                        return false;
+                    }
+                }
+                debug!(ladder = %self.spec.name, held = state.held_count(), "hold state restored from a checkpoint");
+                self.holds.restore(state);
+                if let Some(notify) = self.changed_notify {
+                    notify.notify_one();
+                }
+                records
+            }
+        };
+        self.apply_records(&records).await
+    }
+
+    /// Applies hold records in order, each `held` one after its held queue is declared (before any
+    /// due hop may route into it); `false` if `stop` came first.
+    async fn apply_records(&self, records: &[HoldRecord]) -> bool {
+        let Follower {
+            connection,
+            names,
+            spec,
+            holds,
+            metrics,
+            changed_notify,
+            stop,
+        } = *self;
+        for record in records {
+            let changed = loop {
+                if record.action == HoldAction::Held
+                    && !declare_until_done(connection, names, spec, &record.destination, stop).await
+                {
+                    return false;
+                }
+                match holds.apply_unless_deleting(record, spec.release_rate) {
+                    Some(changed) => break changed,
+                    // this process is deleting its held queue: declare it again once it is done
+                    None => tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                        () = stop.cancelled() => return false,
+                    },
+                }
+            };
+            if changed && let Some(notify) = changed_notify {
+                notify.notify_one();
+            }
+            if let Some(metrics) = metrics {
+                metrics.held.set(holds.snapshot().held_count() as i64);
+                if changed && holds.caught_up() {
+                    let kind = match (record.action, record.by == AUTO) {
+                        (HoldAction::Held, true) => "auto_held",
+                        (HoldAction::Resumed, true) => "auto_resumed",
+                        (action, _) => action.code(),
+                    };
+                    metrics.transition(kind);
+                    info!(ladder = %spec.name, destination = %record.destination, transition = kind,
+                          by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
+                }
+            }
+        }
+        true
+    }
 }
 
 /// Declares the held queue of `destination`, trying again with backoff; `false` if `stop` came
@@ -419,55 +520,6 @@ async fn declare_until_done(
         tokio::select! {
             () = tokio::time::sleep(backoff.next_wait()) => {}
             () = stop.cancelled() => return false,
-        }
-    }
-    true
-}
-
-/// Applies hold records in order, each `held` one after its held queue is declared (before any
-/// due hop may route into it); `false` if `stop` came first.
-#[allow(clippy::too_many_arguments)]
-async fn apply_records(
-    connection: &Connection,
-    names: &Names,
-    spec: &LadderSpec,
-    holds: &SharedHolds,
-    metrics: Option<&crate::metrics::HoldMetrics>,
-    changed_notify: Option<&tokio::sync::Notify>,
-    records: &[HoldRecord],
-    stop: &CancellationToken,
-) -> bool {
-    for record in records {
-        let changed = loop {
-            if record.action == HoldAction::Held
-                && !declare_until_done(connection, names, spec, &record.destination, stop).await
-            {
-                return false;
-            }
-            match holds.apply_unless_deleting(record, spec.release_rate) {
-                Some(changed) => break changed,
-                // this process is deleting its held queue: declare it again once it is done
-                None => tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                    () = stop.cancelled() => return false,
-                },
-            }
-        };
-        if changed && let Some(notify) = changed_notify {
-            notify.notify_one();
-        }
-        if let Some(metrics) = metrics {
-            metrics.held.set(holds.snapshot().held_count() as i64);
-            if changed && holds.caught_up() {
-                let kind = match (record.action, record.by == AUTO) {
-                    (HoldAction::Held, true) => "auto_held",
-                    (HoldAction::Resumed, true) => "auto_resumed",
-                    (action, _) => action.code(),
-                };
-                metrics.transition(kind);
-                info!(ladder = %spec.name, destination = %record.destination, transition = kind,
-                      by = %record.by, why = %record.why, rate = record.rate.as_deref().unwrap_or("-"), "destination hold changed");
-            }
         }
     }
     true
@@ -787,13 +839,7 @@ async fn drain(
         // no held queue (deleted by hand): nothing to release, and the due hops, whose publishes
         // into it come back and wait in a tier, deliver again once the release ended
         if let DrainKind::Release { since_ms, .. } = kind {
-            let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "no held queue", now_ms());
-            record.of = Some(since_ms);
-            append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await?;
-            tokio::select! {
-                () = stop.cancelled() => {}
-                () = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
+            released(connection, ladder, destination, since_ms, "no held queue", stop).await?;
         }
         return Ok(());
     };
@@ -841,35 +887,25 @@ async fn drain(
             Ok(Some(Err(e))) => break Err(e.into()),
             Ok(None) => break Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
             Err(_) if !releasing.is_empty() => continue,
-            Err(_) => {
-                // idle: is the queue empty?
-                match kind {
-                    DrainKind::Release { since_ms, .. } => {
-                        let empty = held_messages(connection, &ladder.names.held_queue(destination)).await == Some(0);
-                        let mut record = HoldRecord::new(destination, HoldAction::Released, "release", "", now_ms());
-                        record.of = Some(since_ms);
-                        if empty
-                            && let Err(e) =
-                                append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await
-                        {
-                            break Err(e.into());
-                        }
-                        if empty {
-                            // the follower turns it free; this drain is then stopped
-                            tokio::select! {
-                                () = stop.cancelled() => break Ok(()),
-                                () = tokio::time::sleep(Duration::from_secs(2)) => {}
-                            }
-                        }
+            // idle: is the queue empty?
+            Err(_) => match kind {
+                DrainKind::Release { since_ms, .. } => {
+                    if held_messages(connection, &ladder.names.held_queue(destination)).await == Some(0)
+                        && let Err(e) = released(connection, ladder, destination, since_ms, "", stop).await
+                    {
+                        break Err(e);
                     }
-                    DrainKind::Stragglers if idle_since.elapsed() >= ladder.spec.held_queue_grace => {
-                        retire = true;
+                    if stop.is_cancelled() {
                         break Ok(());
                     }
-                    _ => {}
+                    continue;
                 }
-                continue;
-            }
+                DrainKind::Stragglers if idle_since.elapsed() >= ladder.spec.held_queue_grace => {
+                    retire = true;
+                    break Ok(());
+                }
+                _ => continue,
+            },
         };
         // paced: the rate holds from the first message on
         let wait = pacer.delay(Instant::now());
@@ -905,6 +941,26 @@ async fn drain(
         return delete_held_queue(connection, ladder, destination).await;
     }
     result
+}
+
+/// Records that the release of `destination` (which began at `since_ms`) ended, then waits
+/// for the follower to turn it free and stop this drain (or for 2 s).
+async fn released(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+    since_ms: u64,
+    why: &str,
+    stop: &CancellationToken,
+) -> Result<(), HoldError> {
+    let mut record = HoldRecord::new(destination, HoldAction::Released, "release", why, now_ms());
+    record.of = Some(since_ms);
+    append(connection, &ladder.names.holds, HOLD_FORMAT, &record.to_json()).await?;
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = tokio::time::sleep(Duration::from_secs(2)) => {}
+    }
+    Ok(())
 }
 
 /// Acks a released delivery (delivered, or parked) and counts it: as the due hop's progress
