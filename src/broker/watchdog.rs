@@ -60,16 +60,21 @@ pub async fn watch(
     stop: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> Result<(), String> {
-    let limit_ms = stall_timeout.as_millis() as u64;
-    let mut progress: Vec<[Progress; 3]> = ladders.iter().map(|_| Default::default()).collect();
-    // per hop: (refusals seen, when they last rose)
-    let mut refusals: Vec<[(u64, Option<u64>); 3]> = ladders.iter().map(|_| Default::default()).collect();
-    let mut reported: Option<String> = None;
-    let mut channel: Option<Channel> = None;
-    let mut beat_at: Option<tokio::time::Instant> = None;
+    let mut dog = Watchdog {
+        connection,
+        heartbeat_queue,
+        ladders,
+        health,
+        stall_timeout,
+        progress: ladders.iter().map(|_| Default::default()).collect(),
+        refusals: ladders.iter().map(|_| Default::default()).collect(),
+        reported: None,
+        channel: None,
+        beat_at: None,
+    };
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    'tick: loop {
+    loop {
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             // the session ends a follower that returns: wait for the end of the drain instead
@@ -80,108 +85,161 @@ pub async fn watch(
             _ = ticks.tick() => {}
         }
         if connection.is_blocked() {
-            progress.iter_mut().flatten().for_each(Progress::reset);
-            if reported.take().is_some() {
-                health.set_stalled(None);
-            }
+            dog.forget();
             continue;
         }
-        let any_quiet = ladders.iter().zip(progress.iter()).any(|(ladder, hops)| {
+        if dog.heartbeat_when_quiet().await? == Looked::Blocked {
+            continue;
+        }
+        if let Looked::Refused(refused_stall) = dog.look().await? {
+            dog.report(refused_stall);
+        }
+    }
+}
+
+/// What a look found, when no hop stalled.
+#[derive(PartialEq)]
+enum Looked {
+    /// An alarm came while the look waited: judged again at the next tick.
+    Blocked,
+    /// A hop that makes no progress because the broker refuses its publishes, if any.
+    Refused(Option<String>),
+}
+
+/// The watchdog's view of a session's hops across its ticks.
+struct Watchdog<'a> {
+    connection: &'a Connection,
+    heartbeat_queue: Option<&'a str>,
+    ladders: &'a [Arc<LadderRuntime>],
+    health: &'a Health,
+    stall_timeout: Duration,
+    progress: Vec<[Progress; 3]>,
+    /// Per hop: the refusals seen, and when they last rose.
+    refusals: Vec<[(u64, Option<u64>); 3]>,
+    /// The refused stall last reported to readiness.
+    reported: Option<String>,
+    channel: Option<Channel>,
+    beat_at: Option<tokio::time::Instant>,
+}
+
+impl Watchdog<'_> {
+    /// The broker blocks the connection: what was seen means nothing, and no stall is reported.
+    fn forget(&mut self) {
+        self.progress.iter_mut().flatten().for_each(Progress::reset);
+        if self.reported.take().is_some() {
+            self.health.set_stalled(None);
+        }
+    }
+
+    /// Publishes a heartbeat when any hop is quiet (at most once per `HEARTBEAT_EVERY`): a node
+    /// that cannot reach a quorum confirms none. `Err`: it did not confirm in time.
+    async fn heartbeat_when_quiet(&mut self) -> Result<Looked, String> {
+        let any_quiet = self.ladders.iter().zip(self.progress.iter()).any(|(ladder, hops)| {
             Hop::ALL.into_iter().zip(hops.iter()).any(|(hop, p)| {
                 let metrics = ladder.metrics.hop(hop);
                 metrics.in_flight.get() == 0 && p.last_activity() == Some(activity_of(metrics))
             })
         });
-        if let Some(queue) = heartbeat_queue
-            && any_quiet
-            && beat_at.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY)
-        {
-            beat_at = Some(tokio::time::Instant::now());
-            if let Err(e) = heartbeat(connection, &mut channel, queue, stall_timeout).await {
-                if connection.is_blocked() {
-                    // an alarm came while the heartbeat waited: its publish is held, not lost
-                    continue;
-                }
+        let Some(queue) = self.heartbeat_queue else {
+            return Ok(Looked::Refused(None));
+        };
+        if !any_quiet || self.beat_at.is_some_and(|at| at.elapsed() < HEARTBEAT_EVERY) {
+            return Ok(Looked::Refused(None));
+        }
+        self.beat_at = Some(tokio::time::Instant::now());
+        match heartbeat(self.connection, &mut self.channel, queue, self.stall_timeout).await {
+            Ok(()) => Ok(Looked::Refused(None)),
+            // an alarm came while the heartbeat waited: its publish is held, not lost
+            Err(_) if self.connection.is_blocked() => Ok(Looked::Blocked),
+            Err(e) => {
                 let reason = format!(
                     "stalled: the node did not confirm a heartbeat into {queue} within {}s: {e}",
-                    stall_timeout.as_secs_f64()
+                    self.stall_timeout.as_secs_f64()
                 );
                 warn!("{reason}; moving to another node");
-                health.set_stalled(Some(reason.clone()));
-                return Err(reason);
+                self.health.set_stalled(Some(reason.clone()));
+                Err(reason)
             }
         }
+    }
+
+    /// Looks at every hop: `Err` names one that made no progress for the stall timeout with
+    /// work waiting (reading its queue only when it did not move and has nothing in flight).
+    async fn look(&mut self) -> Result<Looked, String> {
+        let limit_ms = self.stall_timeout.as_millis() as u64;
         let mut refused_stall: Option<String> = None;
-        for ((ladder, hops), refused) in ladders.iter().zip(progress.iter_mut()).zip(refusals.iter_mut()) {
-            for ((hop, p), refused) in Hop::ALL.into_iter().zip(hops.iter_mut()).zip(refused.iter_mut()) {
+        for (l, ladder) in self.ladders.iter().enumerate() {
+            for (h, hop) in Hop::ALL.into_iter().enumerate() {
                 let metrics = ladder.metrics.hop(hop);
+                let refused = &mut self.refusals[l][h];
                 let refusals_now = metrics.publish_failures.get() + metrics.returned.get();
                 if refusals_now != refused.0 {
                     *refused = (refusals_now, Some(now_ms()));
                 }
+                let refused_recently = refused
+                    .1
+                    .is_some_and(|at| now_ms().saturating_sub(at) < REFUSED_RECENTLY.as_millis() as u64);
                 let activity = activity_of(metrics);
                 let in_flight = u64::try_from(metrics.in_flight.get()).unwrap_or(0);
-                // read the queue only when the hop did not move and has nothing in flight: a
-                // moving hop is fine, and one with publishes in flight has work waiting anyway
-                let quiet = in_flight == 0 && p.last_activity() == Some(activity);
+                // a moving hop is fine, and one with publishes in flight has work waiting anyway
+                let quiet = in_flight == 0 && self.progress[l][h].last_activity() == Some(activity);
                 let ready = if quiet {
                     let queue = queue_of(ladder, hop);
-                    match read_ready(connection, &mut channel, queue, stall_timeout).await {
+                    match read_ready(self.connection, &mut self.channel, queue, self.stall_timeout).await {
                         Ok(ready) => ready,
-                        // an alarm came while the read waited: a blocked connection is not
-                        // read by the broker until the alarm clears (measured on 4.3)
-                        Err(_) if connection.is_blocked() => continue 'tick,
+                        // a blocked connection is not read by the broker until the alarm clears
+                        Err(_) if self.connection.is_blocked() => return Ok(Looked::Blocked),
                         Err(e) => {
                             let reason = format!(
                                 "stalled: {}/{hop} the node did not answer a read of {queue} within {}s: {e}",
                                 ladder.spec.name,
-                                stall_timeout.as_secs_f64()
+                                self.stall_timeout.as_secs_f64()
                             );
-                            health.set_stalled(Some(reason.clone()));
+                            self.health.set_stalled(Some(reason.clone()));
                             return Err(reason);
                         }
                     }
                 } else {
                     None
                 };
-                if let Some(ms) = p.look(
-                    now_ms(),
-                    Look {
-                        activity,
-                        in_flight,
-                        ready,
-                    },
-                    limit_ms,
-                ) {
-                    let reason = format!(
-                        "stalled: {}/{hop} no progress for {}s with work waiting",
-                        ladder.spec.name,
-                        ms.div_ceil(1000)
-                    );
-                    let answered = refused
-                        .1
-                        .is_some_and(|at| now_ms().saturating_sub(at) < REFUSED_RECENTLY.as_millis() as u64);
-                    if answered {
-                        // the broker refuses its publishes: honest, but no reason to move
-                        refused_stall.get_or_insert(format!("{reason} (the broker refuses its publishes)"));
-                        continue;
-                    }
-                    if connection.is_blocked() {
-                        // blocked since the tick began: waiting is expected, judged again after
-                        continue 'tick;
-                    }
-                    warn!(ladder = %ladder.spec.name, %hop, in_flight, ready = ?ready, "{reason}; moving to another node");
-                    health.set_stalled(Some(reason.clone()));
-                    return Err(reason);
+                let look = Look {
+                    activity,
+                    in_flight,
+                    ready,
+                };
+                let Some(ms) = self.progress[l][h].look(now_ms(), look, limit_ms) else {
+                    continue;
+                };
+                let reason = format!(
+                    "stalled: {}/{hop} no progress for {}s with work waiting",
+                    ladder.spec.name,
+                    ms.div_ceil(1000)
+                );
+                if refused_recently {
+                    // the broker refuses its publishes: honest, but no reason to move
+                    refused_stall.get_or_insert(format!("{reason} (the broker refuses its publishes)"));
+                    continue;
                 }
+                if self.connection.is_blocked() {
+                    // blocked since the tick began: waiting is expected, judged again after
+                    return Ok(Looked::Blocked);
+                }
+                warn!(ladder = %ladder.spec.name, %hop, in_flight, ready = ?ready, "{reason}; moving to another node");
+                self.health.set_stalled(Some(reason.clone()));
+                return Err(reason);
             }
         }
-        if refused_stall != reported {
+        Ok(Looked::Refused(refused_stall))
+    }
+
+    /// Reports a stall the broker's refusals explain to readiness, once per change.
+    fn report(&mut self, refused_stall: Option<String>) {
+        if refused_stall != self.reported {
             if let Some(reason) = &refused_stall {
                 warn!("{reason}");
             }
-            health.set_stalled(refused_stall.clone());
-            reported = refused_stall;
+            self.health.set_stalled(refused_stall.clone());
+            self.reported = refused_stall;
         }
     }
 }
