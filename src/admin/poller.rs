@@ -194,23 +194,7 @@ async fn poll(
     previous: Option<&Snapshot>,
     within: Duration,
 ) -> Snapshot {
-    let started = Instant::now();
-    let mut attempt = 1;
-    let (before, ready, session, reads) = loop {
-        // taken again with every read, so the accounting compares one read with its own counters
-        let before: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
-        let ready = state.health.is_ready();
-        let session = state.metrics.reconnects.get();
-        let reads = read_all(amqp, broker, state, ladders).await;
-        match reads {
-            Err(e) if e.lost && attempt < POLL_ATTEMPTS && started.elapsed() + RETRY_PAUSE < within => {
-                debug!(error = %e.text, attempt, "depth poller lost its connection while reading; reading again");
-                attempt += 1;
-                tokio::time::sleep(RETRY_PAUSE).await;
-            }
-            reads => break (before, ready, session, reads),
-        }
-    };
+    let (before, ready, session, reads) = read_counted(amqp, broker, state, ladders, within).await;
     let (reads, broker_error) = match reads {
         Ok(reads) => (reads, None),
         Err(e) => (Vec::new(), Some(e.text)),
@@ -221,65 +205,21 @@ async fn poll(
     let at_ms = now_ms();
     let session_after = state.metrics.reconnects.get();
 
+    let afters: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
+    let reads_if = |i: usize| if readable { reads.get(i) } else { None };
+    let mut observed: Vec<Option<Observation>> = Vec::with_capacity(ladders.len());
     // the ladders of a namespace share their tier queues, whose depth cannot be split by ladder:
     // with more than one, each ladder's ledger checks them all together, every queue counted once
-    let mut observed: Vec<Option<Observation>> = Vec::with_capacity(ladders.len());
     let mut waiting_in: BTreeMap<String, u64> = BTreeMap::new();
-    let afters: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
     for (i, ladder) in ladders.iter_mut().enumerate() {
-        let after = afters[i];
-        let read = if readable { reads.get(i) } else { None };
-        let Some(read) = read else {
-            observed.push(None);
-            continue;
-        };
-        for (role, messages) in &read.depths {
-            match messages {
-                Some(messages) => state.metrics.set_queue_messages(&ladder.spec.name, role, *messages),
-                None => state.metrics.clear_queue_messages(&ladder.spec.name, role),
-            }
-            if is_waiting_role(role) {
-                // a tier by its queue (shared), anything else as this ladder's own
-                let queue = ladder.queues.iter().find(|(r, _)| r == role).map(|(_, q)| q.clone());
-                let key = match queue {
-                    Some(queue) if role.starts_with("delay.") => queue,
-                    _ => format!("{}\u{0}{role}", ladder.spec.name),
-                };
-                waiting_in.insert(key, messages.unwrap_or(0));
-            }
-        }
-        let waiting = read
-            .depths
-            .iter()
-            .filter(|(role, _)| is_waiting_role(role))
-            .map(|(_, messages)| messages.unwrap_or(0))
-            .sum();
-        let complete = read.depths.iter().all(|(_, messages)| messages.is_some());
-        let shared = read.consumers.is_some_and(|(intake, due)| intake > 1 || due > 1);
-        let checkable =
-            ready && state.health.is_ready() && complete && session == session_after && read.consumers == Some((1, 1));
-        observed.push(Some(Observation {
+        let counted = Counted {
             before: before[i],
-            after,
-            waiting,
-            checkable,
-            shared,
-            // what went unconfirmed or unacked then may turn up late, or counted twice
-            disrupted: ladder.unread || !checkable || ladder.session != session_after,
-            at_ms: crate::clock::now_ms(),
-        }));
-        ladder.unread = false;
-        ladder.session = session_after;
-        if shared != ladder.shared {
-            ladder.shared = shared;
-            if shared {
-                info!(
-                    ladder = %ladder.spec.name,
-                    "other consumers share the intake or due queue (replicas?); the accounting check \
-                     is per process, so it is off while they do"
-                );
-            }
-        }
+            after: afters[i],
+            ready,
+            session,
+            session_after,
+        };
+        observed.push(reads_if(i).map(|read| observe(state, ladder, read, counted, &mut waiting_in)));
     }
     let together = (ladders.len() > 1)
         .then(|| observed.iter().copied().collect::<Option<Vec<Observation>>>())
@@ -289,7 +229,7 @@ async fn poll(
     let mut entries = Vec::with_capacity(ladders.len());
     for (i, ladder) in ladders.iter_mut().enumerate() {
         let after = afters[i];
-        let read = if readable { reads.get(i) } else { None };
+        let read = reads_if(i);
         if let Some(observation) = together.as_ref().or(observed[i].as_ref()) {
             let verdict = ladder.ledger.observe(observation, accounting_rules(amqp));
             report(ladder, verdict, state);
@@ -325,6 +265,109 @@ async fn poll(
         broker_error: if readable { None } else { broker.last_error.clone() },
         ladders: entries,
     }
+}
+
+/// Reads every ladder's queues, again on a new connection after one was lost while `within`
+/// allows; with the counters before, whether the service was ready, and its session count.
+async fn read_counted(
+    amqp: &AmqpConfig,
+    broker: &mut Broker,
+    state: &State,
+    ladders: &[Tracked],
+    within: Duration,
+) -> (Vec<Counters>, bool, u64, Result<Vec<Read>, ReadError>) {
+    let started = Instant::now();
+    let mut attempt = 1;
+    loop {
+        // taken again with every read, so the accounting compares one read with its own counters
+        let before: Vec<Counters> = ladders.iter().map(|l| counters(&l.metrics)).collect();
+        let ready = state.health.is_ready();
+        let session = state.metrics.reconnects.get();
+        let reads = read_all(amqp, broker, state, ladders).await;
+        match reads {
+            Err(e) if e.lost && attempt < POLL_ATTEMPTS && started.elapsed() + RETRY_PAUSE < within => {
+                debug!(error = %e.text, attempt, "depth poller lost its connection while reading; reading again");
+                attempt += 1;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            reads => return (before, ready, session, reads),
+        }
+    }
+}
+
+/// The counters one ladder's read was taken between, and whether a session served
+/// throughout.
+#[derive(Clone, Copy)]
+struct Counted {
+    before: Counters,
+    after: Counters,
+    /// The service was ready before the read.
+    ready: bool,
+    /// The session count before the read, and after it.
+    session: u64,
+    session_after: u64,
+}
+
+/// What one ladder's read tells its ledger; its depths go to the metrics, and its waiting
+/// queues into `waiting_in` (a shared tier by its queue, counted once).
+fn observe(
+    state: &State,
+    ladder: &mut Tracked,
+    read: &Read,
+    counted: Counted,
+    waiting_in: &mut BTreeMap<String, u64>,
+) -> Observation {
+    for (role, messages) in &read.depths {
+        match messages {
+            Some(messages) => state.metrics.set_queue_messages(&ladder.spec.name, role, *messages),
+            None => state.metrics.clear_queue_messages(&ladder.spec.name, role),
+        }
+        if is_waiting_role(role) {
+            // a tier by its queue (shared), anything else as this ladder's own
+            let queue = ladder.queues.iter().find(|(r, _)| r == role).map(|(_, q)| q.clone());
+            let key = match queue {
+                Some(queue) if role.starts_with("delay.") => queue,
+                _ => format!("{}\u{0}{role}", ladder.spec.name),
+            };
+            waiting_in.insert(key, messages.unwrap_or(0));
+        }
+    }
+    let waiting = read
+        .depths
+        .iter()
+        .filter(|(role, _)| is_waiting_role(role))
+        .map(|(_, messages)| messages.unwrap_or(0))
+        .sum();
+    let complete = read.depths.iter().all(|(_, messages)| messages.is_some());
+    let shared = read.consumers.is_some_and(|(intake, due)| intake > 1 || due > 1);
+    let checkable = counted.ready
+        && state.health.is_ready()
+        && complete
+        && counted.session == counted.session_after
+        && read.consumers == Some((1, 1));
+    let observation = Observation {
+        before: counted.before,
+        after: counted.after,
+        waiting,
+        checkable,
+        shared,
+        // what went unconfirmed or unacked then may turn up late, or counted twice
+        disrupted: ladder.unread || !checkable || ladder.session != counted.session_after,
+        at_ms: crate::clock::now_ms(),
+    };
+    ladder.unread = false;
+    ladder.session = counted.session_after;
+    if shared != ladder.shared {
+        ladder.shared = shared;
+        if shared {
+            info!(
+                ladder = %ladder.spec.name,
+                "other consumers share the intake or due queue (replicas?); the accounting check \
+                 is per process, so it is off while they do"
+            );
+        }
+    }
+    observation
 }
 
 /// Every ladder's queues, and the held queues this process knows of (summed into one role `held`:
