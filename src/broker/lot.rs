@@ -885,32 +885,8 @@ impl<'a> ParkingLot<'a> {
             };
             let status = match published {
                 Confirmation::Ack => {
-                    let mut resolution = self.resolution(entry.offset, Action::Replayed, &options.by, Some(&queue));
-                    resolution.edit = edit;
-                    match self.append(channel, &resolution).await {
-                        Ok(()) => {
-                            index.write().resolve(&resolution);
-                            match &resolution.edit {
-                                Some(edit) => {
-                                    info!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by,
-                                                    edit = %edit.summary(), "replayed a parked message, edited")
-                                }
-                                None => {
-                                    info!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by, "replayed a parked message")
-                                }
-                            }
-                            Status::Replayed
-                        }
-                        Err(e) => {
-                            warn!(ladder = %self.spec.name, offset = entry.offset, to = %queue, by = %options.by, error = %e,
-                                  "replayed a parked message but could not record it; a later replay sends it again");
-                            Status::Failed {
-                                error: format!(
-                                    "replayed, but the resolution was not recorded ({e}): it may be sent again"
-                                ),
-                            }
-                        }
-                    }
+                    self.record_replay(channel, index, entry.offset, &queue, &options.by, edit)
+                        .await
                 }
                 Confirmation::Returned(returned) => Status::Failed {
                     error: format!(
@@ -936,6 +912,43 @@ impl<'a> ParkingLot<'a> {
             let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "replayed")).await;
         }
         Ok(outcomes)
+    }
+
+    /// Records the replay of the entry at `offset` to `queue` (confirmed by the broker) in the
+    /// stream and in `index`: replayed, or failed when the record was not written.
+    async fn record_replay(
+        &self,
+        channel: &Channel,
+        index: &SharedIndex,
+        offset: u64,
+        queue: &str,
+        by: &str,
+        edit: Option<EditAudit>,
+    ) -> Status {
+        let mut resolution = self.resolution(offset, Action::Replayed, by, Some(queue));
+        resolution.edit = edit;
+        match self.append(channel, &resolution).await {
+            Ok(()) => {
+                index.write().resolve(&resolution);
+                match &resolution.edit {
+                    Some(edit) => {
+                        info!(ladder = %self.spec.name, offset = offset, to = %queue, by = %by,
+                                        edit = %edit.summary(), "replayed a parked message, edited")
+                    }
+                    None => {
+                        info!(ladder = %self.spec.name, offset = offset, to = %queue, by = %by, "replayed a parked message")
+                    }
+                }
+                Status::Replayed
+            }
+            Err(e) => {
+                warn!(ladder = %self.spec.name, offset = offset, to = %queue, by = %by, error = %e,
+                      "replayed a parked message but could not record it; a later replay sends it again");
+                Status::Failed {
+                    error: format!("replayed, but the resolution was not recorded ({e}): it may be sent again"),
+                }
+            }
+        }
     }
 
     /// Marks `entries` discarded: one confirmed resolution record each (applied to `index`). The
