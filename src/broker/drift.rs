@@ -410,38 +410,7 @@ pub async fn prune(
             }
             PruneStep::Delete(r) => r,
         };
-        let inflows = match (r.ladder_retired, r.role.strip_prefix("delay.")) {
-            // a first wait of an older ladder (`model::upgrade`): N.L.wait led into it
-            (false, None) if r.role.starts_with(RETIRED_WAIT) => {
-                let names = Names::new(&config.namespace, &r.ladder);
-                vec![Declaration::Binding {
-                    exchange: format!("{}.wait", names.exchange),
-                    queue: r.name.clone(),
-                    key: String::new(),
-                    args: Vec::new(),
-                    to_exchange: false,
-                }]
-            }
-            // a ladder's own tier, from before tiers were shared
-            (false, Some(tier)) if !r.ladder.is_empty() => {
-                let names = Names::new(&config.namespace, &r.ladder);
-                crate::model::plan::tier_inflows(&names, &r.ladder, tier, &r.name, true)
-            }
-            // a shared tier no ladder uses now: whichever served ladder may still route into it
-            (false, Some(tier)) => {
-                let tier = tier.split('.').next().unwrap_or(tier);
-                config
-                    .ladders
-                    .iter()
-                    .flat_map(|spec| {
-                        let names = Names::of(&config.namespace, spec);
-                        let older = crate::model::upgrade::forwards(&registry, &names);
-                        crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name, older)
-                    })
-                    .collect()
-            }
-            _ => Vec::new(),
-        };
+        let inflows = retired_inflows(config, &registry, &r);
         let channel = bounded("opening a channel", connection.create_channel()).await?;
         set_inflows(&channel, &inflows, false).await?;
         let now = bounded("reading a queue", channel.queue_inspect(&r.name)).await?;
@@ -488,6 +457,42 @@ pub async fn prune(
     }
     record_pruned(connection, &config.namespace, gone).await?;
     Ok(out)
+}
+
+/// The bindings that may still route into retired queue `r`, removed before it is deleted.
+fn retired_inflows(config: &Config, registry: &Registry, r: &Retired) -> Vec<Declaration> {
+    match (r.ladder_retired, r.role.strip_prefix("delay.")) {
+        // a first wait of an older ladder (`model::upgrade`): N.L.wait led into it
+        (false, None) if r.role.starts_with(RETIRED_WAIT) => {
+            let names = Names::new(&config.namespace, &r.ladder);
+            vec![Declaration::Binding {
+                exchange: format!("{}.wait", names.exchange),
+                queue: r.name.clone(),
+                key: String::new(),
+                args: Vec::new(),
+                to_exchange: false,
+            }]
+        }
+        // a ladder's own tier, from before tiers were shared
+        (false, Some(tier)) if !r.ladder.is_empty() => {
+            let names = Names::new(&config.namespace, &r.ladder);
+            crate::model::plan::tier_inflows(&names, &r.ladder, tier, &r.name, true)
+        }
+        // a shared tier no ladder uses now: whichever served ladder may still route into it
+        (false, Some(tier)) => {
+            let tier = tier.split('.').next().unwrap_or(tier);
+            config
+                .ladders
+                .iter()
+                .flat_map(|spec| {
+                    let names = Names::of(&config.namespace, spec);
+                    let older = crate::model::upgrade::forwards(&registry, &names);
+                    crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name, older)
+                })
+                .collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// The role of a first wait of before (`N.L.wait.<tier>`, `first_failures = "direct"`).
