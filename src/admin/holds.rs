@@ -278,33 +278,7 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
     let body = html! {
         p { "Ladder " b { (ladder) } ". A held destination gets nothing; its due messages wait in its held queue, no attempt counted, until it is resumed; then they are released at a bounded rate, oldest first." }
         h2 { "Held" }
-        @if answer.holds.is_empty() {
-            p #no-holds { "No destination is held." }
-        } @else {
-            table #holds {
-                tr { th { "Destination" } th { "State" } th { "By" } th { "Why" } th { "Since" } th { "Messages held" } th { "" } }
-                @for h in &answer.holds {
-                    tr data-destination=(h.destination) {
-                        td { code { (h.destination) } }
-                        td { (h.state) @if let Some(rate) = &h.rate { " at " (rate) } }
-                        td { (h.by) }
-                        td { (h.why) }
-                        td { (format_time(h.held_since_ms)) }
-                        td .held-messages { (h.messages.map_or("?".to_string(), |n| n.to_string())) }
-                        td {
-                            @if h.state == "held" {
-                                form .resume method="post" action=(action("resume")) {
-                                    input type="hidden" name="destination" value=(h.destination);
-                                    label { "Rate " input type="text" name="rate" placeholder="10/s" size="6"; } " "
-                                    (token_field()) " "
-                                    button type="submit" { "Resume" }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        (held_table(&answer, &action))
         h2 { "Hold a destination" }
         form #hold method="post" action=(action("hold")) {
             label { "Queue " input type="text" name="destination" maxlength="255" required; } " "
@@ -313,29 +287,7 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
             button type="submit" { "Hold it" }
         }
         h2 { "Busiest destinations (this replica: delivered and failed in the last " (answer.window_ms / 1000) " s, waiting now)" }
-        @if answer.busiest.is_empty() {
-            p { "None seen yet." }
-        } @else {
-            table #busiest {
-                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } th title="put into a tier by this replica, not due yet" { "Waiting" } th { "Parked, unresolved" } th { "" } }
-                @for b in &answer.busiest {
-                    tr data-destination=(b.destination) {
-                        td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) }
-                        td .waiting { (b.waiting) }
-                        td { (parked_of(&b.destination)) }
-                        td {
-                            @if !answer.holds.iter().any(|h| h.destination == b.destination) {
-                                form .hold-row method="post" action=(action("hold")) {
-                                    input type="hidden" name="destination" value=(b.destination);
-                                    (token_field()) " "
-                                    button type="submit" { "Hold" }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        (busiest_table(&answer, &action, &parked_of))
         h2 { "Most parked destinations (unresolved, all replicas)" }
         @if parked.is_empty() {
             p { "Nothing parked." }
@@ -367,6 +319,72 @@ pub(crate) async fn destinations(Extract(state): Extract<Arc<AdminState>>, Path(
         p { a href="/" { "Back to the ladders" } }
     };
     page(&format!("Destinations of {ladder}"), body).into_response()
+}
+
+/// The held destinations, each with its resume form.
+fn held_table(answer: &HoldsAnswer, action: &dyn Fn(&str) -> String) -> maud::Markup {
+    html! {
+        @if answer.holds.is_empty() {
+            p #no-holds { "No destination is held." }
+        } @else {
+            table #holds {
+                tr { th { "Destination" } th { "State" } th { "By" } th { "Why" } th { "Since" } th { "Messages held" } th { "" } }
+                @for h in &answer.holds {
+                    tr data-destination=(h.destination) {
+                        td { code { (h.destination) } }
+                        td { (h.state) @if let Some(rate) = &h.rate { " at " (rate) } }
+                        td { (h.by) }
+                        td { (h.why) }
+                        td { (format_time(h.held_since_ms)) }
+                        td .held-messages { (h.messages.map_or("?".to_string(), |n| n.to_string())) }
+                        td {
+                            @if h.state == "held" {
+                                form .resume method="post" action=(action("resume")) {
+                                    input type="hidden" name="destination" value=(h.destination);
+                                    label { "Rate " input type="text" name="rate" placeholder="10/s" size="6"; } " "
+                                    (token_field()) " "
+                                    button type="submit" { "Resume" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The busiest destinations this replica saw, each with its hold form unless held.
+fn busiest_table(
+    answer: &HoldsAnswer,
+    action: &dyn Fn(&str) -> String,
+    parked_of: &dyn Fn(&str) -> u64,
+) -> maud::Markup {
+    html! {
+        @if answer.busiest.is_empty() {
+            p { "None seen yet." }
+        } @else {
+            table #busiest {
+                tr { th { "Destination" } th { "Delivered" } th { "Failed back" } th title="put into a tier by this replica, not due yet" { "Waiting" } th { "Parked, unresolved" } th { "" } }
+                @for b in &answer.busiest {
+                    tr data-destination=(b.destination) {
+                        td { code { (b.destination) } } td { (b.delivered) } td { (b.failed) }
+                        td .waiting { (b.waiting) }
+                        td { (parked_of(&b.destination)) }
+                        td {
+                            @if !answer.holds.iter().any(|h| h.destination == b.destination) {
+                                form .hold-row method="post" action=(action("hold")) {
+                                    input type="hidden" name="destination" value=(b.destination);
+                                    (token_field()) " "
+                                    button type="submit" { "Hold" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn done(ladder: &str, text: maud::Markup) -> Response {
