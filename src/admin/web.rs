@@ -307,68 +307,12 @@ pub(crate) async fn overview(
                             None => { "-" }
                         }
                     }
-                    td {
-                        @if let Some(s) = &status {
-                            @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
-                            span .unresolved { (unresolved) } " of " (s.entries) " indexed"
-                            @if !s.caught_up { " (still reading the stream…)" } br;
-                            @for (reason, n) in &s.unresolved.by_reason {
-                                a .reason-link href={ "/ladders/" (l.name) "/parked?reason=" (reason) } { (reason) }
-                                ": " (n) br;
-                            }
-                        }
-                        a .parked-link href={ "/ladders/" (l.name) "/parked" } { "Parked messages" }
-                    }
+                    td { (parked_cell(&l.name, status.as_ref())) }
                 }
             }
         }
         @if let Some(drift) = view.drift.as_ref().filter(|d| !d.retired.is_empty() || !d.differing.is_empty()) {
-            section #drift {
-                h2 { "Retired and differing topology" }
-                p .muted {
-                    "What this namespace declared before and its config no longer uses (read " (format_time(drift.read_at_ms))
-                    "). A retired tier of a ladder still served drains by itself; " code { "ladder prune" }
-                    " removes what is empty (docs/src/operations/changing-a-ladder.md)."
-                }
-                @if !drift.retired.is_empty() {
-                    @let (tiers, ladders) = retired_rows(&drift.retired);
-                    table #retired {
-                        tr { th { "Retired" } th { "Ladder" } th { "Messages" } th { "Last due by" } th { "Note" } }
-                        @for r in tiers {
-                            tr data-retired=(r.name) {
-                                td { (r.kind.as_str()) " " code { (r.name) } }
-                                td { (r.ladder) }
-                                td { @if r.stream { "-" } @else { (grouped(u64::from(r.messages))) } }
-                                td { @match r.last_due_by_ms { Some(at) => { (format_time(at)) } None => { "-" } } }
-                                td { (r.note) }
-                            }
-                        }
-                        @for (ladder, objects, messages) in ladders {
-                            tr data-retired-ladder=(ladder) {
-                                td { "ladder " code { (ladder) } ": " (objects) " queues and exchanges" }
-                                td { (ladder) " (retired)" }
-                                td { (grouped(messages)) }
-                                td { "-" }
-                                td {
-                                    @if messages > 0 {
-                                        "Messages wait and no replica serves this ladder: put its file back until they drain."
-                                    } @else {
-                                        "Empty: ladder prune removes it (its parking lot only with --with-parking-lot)."
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                @if !drift.differing.is_empty() {
-                    table #differing {
-                        tr { th { "Object" } th { "Differs from the config" } }
-                        @for d in &drift.differing {
-                            tr { td { (d.kind.as_str()) " " code { (d.name) } } td { (d.detail) } }
-                        }
-                    }
-                }
-            }
+            (drift_section(drift))
         }
         @for l in &view.ladders {
             @let (class, sentence) = accounting(l);
@@ -392,6 +336,74 @@ pub(crate) async fn overview(
         }
     };
     page_with("Ladders", refresh.then_some(OVERVIEW_REFRESH_SECONDS), body)
+}
+
+/// A ladder's unresolved parked messages, by reason, with links to them.
+fn parked_cell(ladder: &str, status: Option<&crate::admin::desk::IndexStatus>) -> maud::Markup {
+    html! {
+                @if let Some(s) = status {
+                    @let unresolved: u64 = s.unresolved.by_reason.iter().map(|(_, n)| n).sum();
+                    span .unresolved { (unresolved) } " of " (s.entries) " indexed"
+                    @if !s.caught_up { " (still reading the stream…)" } br;
+                    @for (reason, n) in &s.unresolved.by_reason {
+                        a .reason-link href={ "/ladders/" (ladder) "/parked?reason=" (reason) } { (reason) }
+                        ": " (n) br;
+                    }
+                }
+                a .parked-link href={ "/ladders/" (ladder) "/parked" } { "Parked messages" }
+    }
+}
+
+/// What the namespace declared before and its config no longer uses, and what differs.
+fn drift_section(drift: &crate::admin::state::DriftView) -> maud::Markup {
+    html! {
+        section #drift {
+            h2 { "Retired and differing topology" }
+            p .muted {
+                "What this namespace declared before and its config no longer uses (read " (format_time(drift.read_at_ms))
+                "). A retired tier of a ladder still served drains by itself; " code { "ladder prune" }
+                " removes what is empty (docs/src/operations/changing-a-ladder.md)."
+            }
+            @if !drift.retired.is_empty() {
+                @let (tiers, ladders) = retired_rows(&drift.retired);
+                table #retired {
+                    tr { th { "Retired" } th { "Ladder" } th { "Messages" } th { "Last due by" } th { "Note" } }
+                    @for r in tiers {
+                        tr data-retired=(r.name) {
+                            td { (r.kind.as_str()) " " code { (r.name) } }
+                            td { (r.ladder) }
+                            td { @if r.stream { "-" } @else { (grouped(u64::from(r.messages))) } }
+                            td { @match r.last_due_by_ms { Some(at) => { (format_time(at)) } None => { "-" } } }
+                            td { (r.note) }
+                        }
+                    }
+                    @for (ladder, objects, messages) in ladders {
+                        tr data-retired-ladder=(ladder) {
+                            td { "ladder " code { (ladder) } ": " (objects) " queues and exchanges" }
+                            td { (ladder) " (retired)" }
+                            td { (grouped(messages)) }
+                            td { "-" }
+                            td {
+                                @if messages > 0 {
+                                    "Messages wait and no replica serves this ladder: put its file back until they drain."
+                                } @else {
+                                    "Empty: ladder prune removes it (its parking lot only with --with-parking-lot)."
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !drift.differing.is_empty() {
+                table #differing {
+                    tr { th { "Object" } th { "Differs from the config" } }
+                    @for d in &drift.differing {
+                        tr { td { (d.kind.as_str()) " " code { (d.name) } } td { (d.detail) } }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The retired objects of ladders still served, one row each, and the retired ladders, one row
