@@ -182,21 +182,7 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
     if let Some(from) = &e.replayed_from {
         let _ = writeln!(out, "replayed from {}", printable(from));
     }
-    if !e.history.is_empty() {
-        let _ = writeln!(out, "history");
-        let tiers: Vec<_> = e.history.iter().map(|h| printable(&h.tier)).collect();
-        let attempt_width = e.history.iter().map(|h| h.attempt.to_string().len()).max().unwrap_or(0);
-        let tier_width = tiers.iter().map(|t| t.chars().count()).max().unwrap_or(0);
-        for (h, tier) in e.history.iter().zip(&tiers) {
-            let _ = writeln!(
-                out,
-                "  attempt {:<attempt_width$}  tier {:<tier_width$}  failed at {}",
-                h.attempt,
-                tier,
-                format_time(h.failed_at_ms)
-            );
-        }
-    }
+    write_history(&mut out, &e.history);
     let _ = writeln!(
         out,
         "parked at    {} (hop {})",
@@ -243,6 +229,31 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
             record.bytes
         );
     }
+    write_body(&mut out, entry);
+    out
+}
+
+/// The attempt history, one line per attempt, in columns.
+fn write_history(out: &mut String, history: &[crate::model::protocol::HistoryEntry]) {
+    if !history.is_empty() {
+        let _ = writeln!(out, "history");
+        let tiers: Vec<_> = history.iter().map(|h| printable(&h.tier)).collect();
+        let attempt_width = history.iter().map(|h| h.attempt.to_string().len()).max().unwrap_or(0);
+        let tier_width = tiers.iter().map(|t| t.chars().count()).max().unwrap_or(0);
+        for (h, tier) in history.iter().zip(&tiers) {
+            let _ = writeln!(
+                out,
+                "  attempt {:<attempt_width$}  tier {:<tier_width$}  failed at {}",
+                h.attempt,
+                tier,
+                format_time(h.failed_at_ms)
+            );
+        }
+    }
+}
+
+/// The body: as text when it is UTF-8, otherwise as hex; at most [`SHOWN_BODY_BYTES`].
+fn write_body(out: &mut String, entry: &ParkedEntry) {
     match entry.body() {
         Ok(body) => {
             let (shown, rest) = body.split_at(body.len().min(SHOWN_BODY_BYTES));
@@ -264,7 +275,6 @@ pub fn render_entry(stream: &str, entry: &ParkedEntry) -> String {
             let _ = writeln!(out, "body: {e}");
         }
     }
-    out
 }
 
 /// `show` prints at most this much of a body (the rest: `ladder parked body`).
