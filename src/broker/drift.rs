@@ -486,7 +486,7 @@ fn retired_inflows(config: &Config, registry: &Registry, r: &Retired) -> Vec<Dec
                 .iter()
                 .flat_map(|spec| {
                     let names = Names::of(&config.namespace, spec);
-                    let older = crate::model::upgrade::forwards(&registry, &names);
+                    let older = crate::model::upgrade::forwards(registry, &names);
                     crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name, older)
                 })
                 .collect()

@@ -851,33 +851,27 @@ async fn drain(
     let mut retire = false;
     // releases in flight, oldest first on the wire: each settles to (its delivery tag, delivered)
     let mut releasing = FuturesUnordered::new();
+    let settled = |released: Result<(u64, bool), HoldError>| {
+        released.and_then(|(tag, delivered)| settle_release(ladder, &channel, tag, delivered))
+    };
     let result = loop {
         // a window full: settle one before taking the next
         if releasing.len() >= usize::from(RELEASE_WINDOW) {
-            match releasing.next().await {
-                Some(Ok((tag, delivered))) => {
-                    if let Err(e) = settle_release(ladder, &channel, tag, delivered) {
-                        break Err(e);
-                    }
-                    idle_since = Instant::now();
+            if let Some(released) = releasing.next().await {
+                if let Err(e) = settled(released) {
+                    break Err(e);
                 }
-                Some(Err(e)) => break Err(e),
-                None => {}
+                idle_since = Instant::now();
             }
             continue;
         }
         let next = tokio::select! {
             () = stop.cancelled() => break Ok(()),
             Some(released) = releasing.next(), if !releasing.is_empty() => {
-                match released {
-                    Ok((tag, delivered)) => {
-                        if let Err(e) = settle_release(ladder, &channel, tag, delivered) {
-                            break Err(e);
-                        }
-                        idle_since = Instant::now();
-                    }
-                    Err(e) => break Err(e),
+                if let Err(e) = settled(released) {
+                    break Err(e);
                 }
+                idle_since = Instant::now();
                 continue;
             }
             next = tokio::time::timeout(IDLE_CHECK, consumer.next()) => next,

@@ -837,11 +837,12 @@ impl<'a> ParkingLot<'a> {
                 .clone()
                 .or_else(|| options.edit.as_ref().and_then(|edit| edited_destination(edit, entry)))
                 .or_else(|| entry.envelope.destination.clone());
-            let fail = |error: String| Outcome {
+            let outcome = |status| Outcome {
                 offset: entry.offset,
                 to: target.clone(),
-                status: Status::Failed { error },
+                status,
             };
+            let fail = |error: String| outcome(Status::Failed { error });
             let Some(queue) = target.clone() else {
                 push(
                     &mut outcomes,
@@ -862,15 +863,7 @@ impl<'a> ParkingLot<'a> {
                 }
             };
             let Some(channel) = &channel else {
-                push(
-                    &mut outcomes,
-                    on_outcome,
-                    Outcome {
-                        offset: entry.offset,
-                        to: target,
-                        status: Status::WouldReplay,
-                    },
-                );
+                push(&mut outcomes, on_outcome, outcome(Status::WouldReplay));
                 continue;
             };
             if let Some(pacer) = pacer.as_mut() {
@@ -898,15 +891,7 @@ impl<'a> ParkingLot<'a> {
                     error: "the broker refused the publish (nack)".into(),
                 },
             };
-            push(
-                &mut outcomes,
-                on_outcome,
-                Outcome {
-                    offset: entry.offset,
-                    to: target,
-                    status,
-                },
-            );
+            push(&mut outcomes, on_outcome, outcome(status));
         }
         if let Some(channel) = channel {
             let _ = tokio::time::timeout(BROKER_TIMEOUT, channel.close(200, "replayed")).await;

@@ -111,25 +111,7 @@ async fn send_and_watch(
             names.exchange
         ));
     }
-    let ch = channel(connection).await?;
-    let before = match ch.queue_inspect(to).await {
-        Ok(info) => info,
-        Err(e) if e.reply_code() == Some(404) => {
-            let ch = channel(connection).await?;
-            let options = QueueOptions {
-                durable: true,
-                ..QueueOptions::default()
-            };
-            let info = call(
-                &format!("declaring queue {to}"),
-                ch.queue_declare(to, options, FieldTable::new()),
-            )
-            .await?;
-            println!("declared queue {to} (durable, classic): it did not exist");
-            info
-        }
-        Err(e) => return Err(format!("reading queue {to}: {e}")),
-    };
+    let before = destination(connection, to).await?;
 
     let id = format!("demo-{}", clock::now_ms());
     let mut headers = FieldTable::new();
@@ -198,6 +180,29 @@ async fn send_and_watch(
         return Ok(ExitCode::SUCCESS);
     }
     watch(connection, to, &id, sent, tier.delay + WATCH_SLACK).await
+}
+
+/// Queue `to` as it is, declared (durable, classic) when it does not exist.
+async fn destination(connection: &Connection, to: &str) -> Result<ladder_amqp::QueueInfo, String> {
+    let ch = channel(connection).await?;
+    match ch.queue_inspect(to).await {
+        Ok(info) => Ok(info),
+        Err(e) if e.reply_code() == Some(404) => {
+            let ch = channel(connection).await?;
+            let options = QueueOptions {
+                durable: true,
+                ..QueueOptions::default()
+            };
+            let info = call(
+                &format!("declaring queue {to}"),
+                ch.queue_declare(to, options, FieldTable::new()),
+            )
+            .await?;
+            println!("declared queue {to} (durable, classic): it did not exist");
+            Ok(info)
+        }
+        Err(e) => Err(format!("reading queue {to}: {e}")),
+    }
 }
 
 /// Waits for message `id` on `queue` (until `within` after `sent`) and takes it; a message that

@@ -97,43 +97,16 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
         );
         let welcome = tokio::spawn(welcome(listener_address, config.clone(), state.clone()));
         let mut service = tokio::spawn(service::run(config.clone(), state.clone(), shutdown.clone()));
-        // serve until the service ends, a stop signal, or a reload with a new config
-        let next = loop {
-            tokio::select! {
-                ended = &mut service => break Next::Ended(ended),
-                signal = signals.recv() => match signal {
-                    Some(Signal::Stop(name)) => {
-                        info!("{name}: draining");
-                        shutdown.cancel();
-                        break Next::Ended((&mut service).await);
-                    }
-                    // the signal task ended (it cannot listen): serve until the service ends
-                    None => break Next::Ended((&mut service).await),
-                    Some(Signal::Reload) => match reload(&config, env, fingerprint) {
-                        Reloaded::Invalid(e) => {
-                            state.metrics.reloaded("invalid");
-                            error!(error = %e, "SIGHUP: the new config is invalid; serving on with the running one");
-                        }
-                        Reloaded::Unchanged => {
-                            state.metrics.reloaded("unchanged");
-                            info!("SIGHUP: the config and ladder files are unchanged");
-                        }
-                        Reloaded::New(new, print) => {
-                            info!(ladders = new.ladders.len(), "SIGHUP: a new config; draining the running one, then serving the new one");
-                            shutdown.cancel();
-                            match (&mut service).await {
-                                Ok(Ok(())) => {
-                                    state.metrics.reloaded("applied");
-                                    fingerprint = print;
-                                    break Next::Reload(new);
-                                }
-                                other => break Next::Ended(other),
-                            }
-                        }
-                    },
-                },
-            }
-        };
+        let next = serve_until_next(
+            &mut service,
+            &mut signals,
+            &config,
+            env,
+            &mut fingerprint,
+            &shutdown,
+            &state,
+        )
+        .await;
         welcome.abort();
         admin_stop.cancel();
         if tokio::time::timeout(ADMIN_STOP_TIMEOUT, &mut admin).await.is_err() {
@@ -169,6 +142,55 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
         Err(e) => {
             error!(error = %e, "stopped");
             ExitCode::from(exit::CONFLICT)
+        }
+    }
+}
+
+/// Serves until the service ends, a stop signal drains it, or a reload with a new config
+/// drained it.
+async fn serve_until_next(
+    service: &mut tokio::task::JoinHandle<Result<(), service::ServiceError>>,
+    signals: &mut tokio::sync::mpsc::Receiver<Signal>,
+    config: &Config,
+    env: &HashMap<String, String>,
+    fingerprint: &mut u64,
+    shutdown: &CancellationToken,
+    state: &State,
+) -> Next {
+    loop {
+        tokio::select! {
+            ended = &mut *service => return Next::Ended(ended),
+            signal = signals.recv() => match signal {
+                Some(Signal::Stop(name)) => {
+                    info!("{name}: draining");
+                    shutdown.cancel();
+                    return Next::Ended((&mut *service).await);
+                }
+                // the signal task ended (it cannot listen): serve until the service ends
+                None => return Next::Ended((&mut *service).await),
+                Some(Signal::Reload) => match reload(config, env, *fingerprint) {
+                    Reloaded::Invalid(e) => {
+                        state.metrics.reloaded("invalid");
+                        error!(error = %e, "SIGHUP: the new config is invalid; serving on with the running one");
+                    }
+                    Reloaded::Unchanged => {
+                        state.metrics.reloaded("unchanged");
+                        info!("SIGHUP: the config and ladder files are unchanged");
+                    }
+                    Reloaded::New(new, print) => {
+                        info!(ladders = new.ladders.len(), "SIGHUP: a new config; draining the running one, then serving the new one");
+                        shutdown.cancel();
+                        match (&mut *service).await {
+                            Ok(Ok(())) => {
+                                state.metrics.reloaded("applied");
+                                *fingerprint = print;
+                                return Next::Reload(new);
+                            }
+                            other => return Next::Ended(other),
+                        }
+                    }
+                },
+            },
         }
     }
 }
