@@ -90,67 +90,115 @@ fn paths() -> Value {
             "responses": {"200": json_answer("the ladders", "Ladders")},
         }},
     });
-    let parked = json!({
-        "/api/ladders/{ladder}/parked": {"get": {
-            "operationId": "listParked",
-            "summary": "a page of parked entries matching the filters, newest first",
-            "parameters": list_parameters(true),
-            "responses": {
-                "200": json_answer("the page and how many match", "List"),
-                "400": {"$ref": "#/components/responses/BadRequest"},
-                "404": {"$ref": "#/components/responses/NotFound"},
-                "500": {"$ref": "#/components/responses/Internal"},
-                "503": {"$ref": "#/components/responses/Unavailable"},
-            },
-        }},
-        "/api/ladders/{ladder}/parked/counts": {"get": {
-            "operationId": "countParked",
-            "summary": "how many entries match, in all, per reason and per destination",
-            "parameters": list_parameters(false),
-            "responses": {
-                "200": json_answer("the counts, largest first", "Counts"),
-                "400": {"$ref": "#/components/responses/BadRequest"},
-                "404": {"$ref": "#/components/responses/NotFound"},
-                "500": {"$ref": "#/components/responses/Internal"},
-                "503": {"$ref": "#/components/responses/Unavailable"},
-            },
-        }},
-        "/api/ladders/{ladder}/parked/{offset}": {"get": {
-            "operationId": "showParked",
-            "summary": "one entry in full",
-            "parameters": [{"$ref": "#/components/parameters/ladder"}, {"$ref": "#/components/parameters/offset"}],
-            "responses": {
-                "200": json_answer("the entry", "Entry"),
-                "400": {"$ref": "#/components/responses/BadRequest"},
-                "404": {"$ref": "#/components/responses/NotFound"},
-                "500": {"$ref": "#/components/responses/Internal"},
-                "503": {"$ref": "#/components/responses/Unavailable"},
-            },
-        }},
-        "/api/ladders/{ladder}/parked/{offset}/body": {"get": {
-            "operationId": "parkedBody",
-            "summary": "the original body of one entry, as bytes (also when it was parked apart)",
-            "parameters": [{"$ref": "#/components/parameters/ladder"}, {"$ref": "#/components/parameters/offset"}],
-            "responses": {
-                "200": {
-                    "description": "the body",
-                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    let parked = parked_paths();
+    if let (Some(all), Value::Object(more)) = (paths.as_object_mut(), holds_paths()) {
+        all.extend(more);
+    }
+    if let (Some(all), Value::Object(more)) = (paths.as_object_mut(), parked) {
+        all.extend(more);
+    }
+    // what the guards in front of every /api route may answer: a Host the server does not serve
+    // (400) or a request target longer than it accepts (414)
+    for (path, item) in paths.as_object_mut().into_iter().flatten() {
+        if !path.starts_with("/api/") {
+            continue;
+        }
+        for operation in item.as_object_mut().into_iter().flatten().map(|(_, o)| o) {
+            let responses = &mut operation["responses"];
+            if responses.get("400").is_none() {
+                responses["400"] = json!({"$ref": "#/components/responses/BadRequest"});
+            }
+            responses["414"] = json!({"$ref": "#/components/responses/UriTooLong"});
+            // every write takes a token and a JSON body: the same refusals for each
+            if operation.get("security").is_some() {
+                let responses = &mut operation["responses"];
+                responses["401"] = json!({
+                    "description": "no bearer token",
+                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                });
+                responses["403"] = error("the token matches none in admin.tokens (or none is configured)");
+                responses["413"] = error("the body is too large");
+                responses["415"] = error("the body is not Content-Type: application/json");
+            }
+        }
+    }
+    paths
+}
+
+/// A `text/plain` answer.
+/// The parking lot's paths, and the cancellation of a scheduled delivery.
+fn parked_paths() -> Value {
+    merged(
+        json!({
+            "/api/ladders/{ladder}/parked": {"get": {
+                "operationId": "listParked",
+                "summary": "a page of parked entries matching the filters, newest first",
+                "parameters": list_parameters(true),
+                "responses": {
+                    "200": json_answer("the page and how many match", "List"),
+                    "400": {"$ref": "#/components/responses/BadRequest"},
+                    "404": {"$ref": "#/components/responses/NotFound"},
+                    "500": {"$ref": "#/components/responses/Internal"},
+                    "503": {"$ref": "#/components/responses/Unavailable"},
                 },
-                "400": {"$ref": "#/components/responses/BadRequest"},
-                "404": {"$ref": "#/components/responses/NotFound"},
-                "500": {"$ref": "#/components/responses/Internal"},
-                "503": {"$ref": "#/components/responses/Unavailable"},
-            },
-        }},
-        "/api/ladders/{ladder}/parked/replay": {"post": action(
-            "replayParked",
-            "republish the selected unresolved entries to their queue (or `to`), as a job",
-        )},
-        "/api/ladders/{ladder}/parked/{offset}/edit-replay": {"post": edit_replay()},
-        "/api/ladders/{ladder}/parked/discard": {"post": action(
-            "discardParked",
-            "mark the selected unresolved entries as discarded, as a job",
-        )},
+            }},
+            "/api/ladders/{ladder}/parked/counts": {"get": {
+                "operationId": "countParked",
+                "summary": "how many entries match, in all, per reason and per destination",
+                "parameters": list_parameters(false),
+                "responses": {
+                    "200": json_answer("the counts, largest first", "Counts"),
+                    "400": {"$ref": "#/components/responses/BadRequest"},
+                    "404": {"$ref": "#/components/responses/NotFound"},
+                    "500": {"$ref": "#/components/responses/Internal"},
+                    "503": {"$ref": "#/components/responses/Unavailable"},
+                },
+            }},
+            "/api/ladders/{ladder}/parked/{offset}": {"get": {
+                "operationId": "showParked",
+                "summary": "one entry in full",
+                "parameters": [{"$ref": "#/components/parameters/ladder"}, {"$ref": "#/components/parameters/offset"}],
+                "responses": {
+                    "200": json_answer("the entry", "Entry"),
+                    "400": {"$ref": "#/components/responses/BadRequest"},
+                    "404": {"$ref": "#/components/responses/NotFound"},
+                    "500": {"$ref": "#/components/responses/Internal"},
+                    "503": {"$ref": "#/components/responses/Unavailable"},
+                },
+            }},
+            "/api/ladders/{ladder}/parked/{offset}/body": {"get": {
+                "operationId": "parkedBody",
+                "summary": "the original body of one entry, as bytes (also when it was parked apart)",
+                "parameters": [{"$ref": "#/components/parameters/ladder"}, {"$ref": "#/components/parameters/offset"}],
+                "responses": {
+                    "200": {
+                        "description": "the body",
+                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    "400": {"$ref": "#/components/responses/BadRequest"},
+                    "404": {"$ref": "#/components/responses/NotFound"},
+                    "500": {"$ref": "#/components/responses/Internal"},
+                    "503": {"$ref": "#/components/responses/Unavailable"},
+                },
+            }},
+            "/api/ladders/{ladder}/parked/replay": {"post": action(
+                "replayParked",
+                "republish the selected unresolved entries to their queue (or `to`), as a job",
+            )},
+            "/api/ladders/{ladder}/parked/{offset}/edit-replay": {"post": edit_replay()},
+            "/api/ladders/{ladder}/parked/discard": {"post": action(
+                "discardParked",
+                "mark the selected unresolved entries as discarded, as a job",
+            )},
+        }),
+        job_paths(),
+    )
+}
+
+/// The jobs of replays and discards, and the cancellation of a scheduled delivery.
+fn job_paths() -> Value {
+    json!({
         "/api/ladders/{ladder}/scheduled/cancel": {"post": {
             "operationId": "cancelScheduled",
             "summary": "cancel a scheduled delivery by message id, for every replica",
@@ -212,43 +260,17 @@ fn paths() -> Value {
                 "404": {"$ref": "#/components/responses/NotFound"},
             },
         }},
-    });
-    if let (Some(all), Value::Object(more)) = (paths.as_object_mut(), holds_paths()) {
-        all.extend(more);
-    }
-    if let (Some(all), Value::Object(more)) = (paths.as_object_mut(), parked) {
-        all.extend(more);
-    }
-    // what the guards in front of every /api route may answer: a Host the server does not serve
-    // (400) or a request target longer than it accepts (414)
-    for (path, item) in paths.as_object_mut().into_iter().flatten() {
-        if !path.starts_with("/api/") {
-            continue;
-        }
-        for operation in item.as_object_mut().into_iter().flatten().map(|(_, o)| o) {
-            let responses = &mut operation["responses"];
-            if responses.get("400").is_none() {
-                responses["400"] = json!({"$ref": "#/components/responses/BadRequest"});
-            }
-            responses["414"] = json!({"$ref": "#/components/responses/UriTooLong"});
-            // every write takes a token and a JSON body: the same refusals for each
-            if operation.get("security").is_some() {
-                let responses = &mut operation["responses"];
-                responses["401"] = json!({
-                    "description": "no bearer token",
-                    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-                });
-                responses["403"] = error("the token matches none in admin.tokens (or none is configured)");
-                responses["413"] = error("the body is too large");
-                responses["415"] = error("the body is not Content-Type: application/json");
-            }
-        }
-    }
-    paths
+    })
 }
 
-/// A `text/plain` answer.
+/// `a` with the members of object `b` added.
+fn merged(mut a: Value, b: Value) -> Value {
+    if let (Some(all), Value::Object(more)) = (a.as_object_mut(), b) {
+        all.extend(more);
+    }
+    a
+}
+
 fn text(example: &str) -> Value {
     json!({"description": example, "content": {"text/plain": {"schema": {"type": "string"}, "example": example}}})
 }
@@ -598,7 +620,7 @@ fn tallies() -> Value {
 }
 
 fn schemas() -> Value {
-    let mut schemas = json!({
+    let schemas = json!({
         "Error": object(json!({"error": {"type": "string"}}), &[]),
         "List": object(json!({
             "total": count(),
@@ -692,44 +714,59 @@ fn schemas() -> Value {
             },
         },
     });
-    let more = json!({
-        "Action": {
-            "type": "object",
-            "additionalProperties": false,
-            "description": "Which entries — offsets and filter fields, all given must match; at least one is \
-                needed — and how. `to`, `rate` and `dry_run` are for a replay only.",
-            "properties": {
-                "offsets": {"type": "array", "items": count()},
-                "destination": nullable(json!({"type": "string"})),
-                "reason": nullable(json!({"type": "string"})),
-                "message_id": nullable(json!({"type": "string"})),
-                "correlation_id": nullable(json!({"type": "string"})),
-                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
-                "body_contains": nullable(json!({"type": "string"})),
-                "since": nullable(json!({"type": "string", "description": "RFC 3339, or a duration ago (`2h`)"})),
-                "until": nullable(json!({"type": "string", "description": "RFC 3339, or a duration ago (`10m`)"})),
-                "to": other_queue(),
-                "rate": nullable(json!({"type": "string", "description": "at most this many per second, minute or hour: `50/s`"})),
-                "dry_run": {"type": "boolean", "default": false},
-                "wait": job_wait(),
+    merged(schemas, action_schemas())
+}
+
+/// A job's view ([`crate::admin::desk::JobView`]).
+/// The schemas of replays, discards, jobs and cancellations.
+fn action_schemas() -> Value {
+    merged(
+        json!({
+            "Action": {
+                "type": "object",
+                "additionalProperties": false,
+                "description": "Which entries — offsets and filter fields, all given must match; at least one is \
+                    needed — and how. `to`, `rate` and `dry_run` are for a replay only.",
+                "properties": {
+                    "offsets": {"type": "array", "items": count()},
+                    "destination": nullable(json!({"type": "string"})),
+                    "reason": nullable(json!({"type": "string"})),
+                    "message_id": nullable(json!({"type": "string"})),
+                    "correlation_id": nullable(json!({"type": "string"})),
+                    "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "body_contains": nullable(json!({"type": "string"})),
+                    "since": nullable(json!({"type": "string", "description": "RFC 3339, or a duration ago (`2h`)"})),
+                    "until": nullable(json!({"type": "string", "description": "RFC 3339, or a duration ago (`10m`)"})),
+                    "to": other_queue(),
+                    "rate": nullable(json!({"type": "string", "description": "at most this many per second, minute or hour: `50/s`"})),
+                    "dry_run": {"type": "boolean", "default": false},
+                    "wait": job_wait(),
+                },
             },
-        },
-        "Outcome": object(json!({
-            "offset": count(),
-            "to": nullable(json!({"type": "string"})),
-            "status": {"type": "string", "enum": ["replayed", "would-replay", "discarded", "failed"]},
-            "error": {"type": "string", "description": "why it failed (status `failed` only)"},
-        }), &["error"]),
-        "Job": object(job_properties(), &[]),
-        "JobAnswer": object(
-            {
-                let mut properties = job_properties();
-                properties["job"] = count();
-                properties["status"] = json!({"type": "string", "description": "the job's URL, to poll"});
-                properties
-            },
-            &[],
-        ),
+            "Outcome": object(json!({
+                "offset": count(),
+                "to": nullable(json!({"type": "string"})),
+                "status": {"type": "string", "enum": ["replayed", "would-replay", "discarded", "failed"]},
+                "error": {"type": "string", "description": "why it failed (status `failed` only)"},
+            }), &["error"]),
+            "Job": object(job_properties(), &[]),
+            "JobAnswer": object(
+                {
+                    let mut properties = job_properties();
+                    properties["job"] = count();
+                    properties["status"] = json!({"type": "string", "description": "the job's URL, to poll"});
+                    properties
+                },
+                &[],
+            ),
+        }),
+        ladder_schemas(),
+    )
+}
+
+/// The schemas of the ladders' list.
+fn ladder_schemas() -> Value {
+    json!({
         "Ladders": object(json!({
             "namespace": {"type": "string"},
             "poll_interval_ms": count(),
@@ -819,14 +856,9 @@ fn schemas() -> Value {
                 "in_doubt": count(),
             }), &[])),
         }), &["senders", "unidentified"]),
-    });
-    if let (Some(all), Value::Object(more)) = (schemas.as_object_mut(), more) {
-        all.extend(more);
-    }
-    schemas
+    })
 }
 
-/// A job's view ([`crate::admin::desk::JobView`]).
 fn job_properties() -> Value {
     json!({
         "id": count(),

@@ -881,24 +881,13 @@ async fn drain(
             Ok(Some(Err(e))) => break Err(e.into()),
             Ok(None) => break Err(HoldError::Broker(ladder_amqp::Error::ChannelGone)),
             Err(_) if !releasing.is_empty() => continue,
-            // idle: is the queue empty?
-            Err(_) => match kind {
-                DrainKind::Release { since_ms, .. } => {
-                    if held_messages(connection, &ladder.names.held_queue(destination)).await == Some(0)
-                        && let Err(e) = released(connection, ladder, destination, since_ms, "", stop).await
-                    {
-                        break Err(e);
-                    }
-                    if stop.is_cancelled() {
-                        break Ok(());
-                    }
-                    continue;
-                }
-                DrainKind::Stragglers if idle_since.elapsed() >= ladder.spec.held_queue_grace => {
+            Err(_) => match idle(connection, ladder, destination, kind, idle_since, stop).await {
+                Idle::Wait => continue,
+                Idle::Stop(result) => break result,
+                Idle::Retire => {
                     retire = true;
                     break Ok(());
                 }
-                _ => continue,
             },
         };
         // paced: the rate holds from the first message on
@@ -922,9 +911,7 @@ async fn drain(
     // destination took is acked, not released a second time by the next drain
     let _ = tokio::time::timeout(RELEASE_SETTLE, async {
         while let Some(released) = releasing.next().await {
-            if let Ok((tag, delivered)) = released {
-                let _ = settle_release(ladder, &channel, tag, delivered);
-            }
+            let _ = settled(released);
         }
     })
     .await;
@@ -935,6 +922,44 @@ async fn drain(
         return delete_held_queue(connection, ladder, destination).await;
     }
     result
+}
+
+/// What a drain does after its held queue gave it nothing for a while.
+enum Idle {
+    /// Waits on.
+    Wait,
+    /// Stops, with this result.
+    Stop(Result<(), HoldError>),
+    /// Stops and deletes the held queue: a free destination's, idle for its grace.
+    Retire,
+}
+
+/// A drain of `kind` found its held queue idle since `idle_since`: a release that finds it
+/// empty has ended ([`released`]).
+async fn idle(
+    connection: &Connection,
+    ladder: &LadderRuntime,
+    destination: &str,
+    kind: DrainKind,
+    idle_since: Instant,
+    stop: &CancellationToken,
+) -> Idle {
+    match kind {
+        DrainKind::Release { since_ms, .. } => {
+            if held_messages(connection, &ladder.names.held_queue(destination)).await == Some(0)
+                && let Err(e) = released(connection, ladder, destination, since_ms, "", stop).await
+            {
+                return Idle::Stop(Err(e));
+            }
+            if stop.is_cancelled() {
+                Idle::Stop(Ok(()))
+            } else {
+                Idle::Wait
+            }
+        }
+        DrainKind::Stragglers if idle_since.elapsed() >= ladder.spec.held_queue_grace => Idle::Retire,
+        DrainKind::Stragglers | DrainKind::Probe => Idle::Wait,
+    }
 }
 
 /// Records that the release of `destination` (which began at `since_ms`) ended, then waits

@@ -275,7 +275,11 @@ pub async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, Str
             Some(base) => match Service::probe(&base, config, &spec.name).await {
                 Ok(service) => {
                     eprintln!("ladder: answered by the service at {}", service.base);
-                    return through_service(&service, args.command, token, &stream).await;
+                    let side = Side::Service {
+                        service: &service,
+                        token,
+                    };
+                    return run(&side, args.command, &stream).await;
                 }
                 Err(Unanswered::Mismatch(why)) if explicit => {
                     return Err(parking::ParkingError::Invalid(why).into());
@@ -285,158 +289,54 @@ pub async fn parked(config: &Config, args: ParkedArgs, env: &HashMap<String, Str
         }
     };
     eprintln!("ladder: read the stream {stream} ({why_not})");
-    through_stream(config, spec, args.command, env).await
-}
-
-/// The command against the stream, on a connection of its own.
-async fn through_stream(
-    config: &Config,
-    spec: &ladder::model::ladder::LadderSpec,
-    command: ParkedCommand,
-    env: &HashMap<String, String>,
-) -> anyhow::Result<ExitCode> {
     let connection = broker::connect(&config.amqp)
         .await
         .map_err(parking::ParkingError::from)
         .with_context(|| format!("cannot reach the broker at {}", config.amqp.brokers()))?;
     let lot = ParkingLot::new(&connection, &config.amqp, &config.namespace, spec);
-    let by = |by: Option<String>| {
-        by.or_else(|| env.get("USER").cloned())
-            .unwrap_or_else(|| "unknown".into())
+    let side = Side::Stream {
+        lot: Box::new(lot),
+        ladder: &spec.name,
+        max_header_bytes: config.limits.max_header_bytes,
+        user: env.get("USER").cloned(),
     };
-    let code = match command {
-        ParkedCommand::List {
-            filter,
-            limit,
-            offset,
-            all,
-            json,
-        } => {
-            let filter = filter.build(&[])?;
-            let index = lot.index_for(&filter).await?;
-            let page = lot
-                .list(&index, &filter, parking::PageRequest { offset, limit }, all)
-                .await?;
-            print_page(&page, all, json, lot.stream())?
-        }
-        ParkedCommand::Counts { filter, all, json } => {
-            let filter = filter.build(&[])?;
-            let index = lot.index_for(&filter).await?;
-            let counts = lot.counts(&index, &filter, all).await?;
-            print_counts(&counts, all, json, lot.stream())?
-        }
-        ParkedCommand::Show { offset, json } => {
-            let filter = ladder::model::lot::filter::Filter {
-                offsets: Some([offset].into()),
-                ..ladder::model::lot::filter::Filter::default()
-            };
-            let entry = lot.show(&lot.index_for(&filter).await?, offset).await?;
-            print_entry(&entry, json, lot.stream())?
-        }
-        ParkedCommand::Body { offset } => {
-            let filter = ladder::model::lot::filter::Filter {
-                offsets: Some([offset].into()),
-                ..ladder::model::lot::filter::Filter::default()
-            };
-            let entry = lot.show(&lot.index_for(&filter).await?, offset).await?;
-            let body = entry.body().map_err(parking::ParkingError::from)?;
-            std::io::Write::write_all(&mut std::io::stdout().lock(), &body)?;
-            ExitCode::SUCCESS
-        }
-        ParkedCommand::Replay {
-            offsets,
-            filter,
-            to,
-            rate,
-            dry_run,
-            edit_header,
-            edit_body_file,
-            by: who,
-            json,
-        } => {
-            let edit = cli_edit(
-                &offsets,
-                &filter,
-                rate.is_some() || dry_run,
-                &edit_header,
-                edit_body_file.as_deref(),
-            )?
-            .map(|(set_headers, body)| ladder::model::lot::edit::Edit {
-                headers: None,
-                set_headers,
-                body,
-                max_header_bytes: config.limits.max_header_bytes,
-            });
-            let filter = filter.build(&offsets)?;
-            let options = parking::ReplayOptions {
-                to,
-                rate: rate
-                    .map(|r| r.parse())
-                    .transpose()
-                    .map_err(parking::ParkingError::from)?,
-                dry_run,
-                by: by(who),
-                edit,
-            };
-            let progress = Progress::new(if dry_run { "checking" } else { "replaying" }, json);
-            let (outcomes, left_over) = lot
-                .act(&filter, &options.by, parking::ActIndex::Fresh, async |index, selection| {
-                    info!(ladder = %spec.name, by = %options.by, entries = selection.entries.len(), dry_run, "replay requested");
-                    progress.set_length(selection.entries.len());
-                    let outcomes = lot
-                        .replay_with(index, &selection.entries, &options, &mut |_| progress.inc())
-                        .await?;
-                    Ok((outcomes, selection.left_over))
-                })
-                .await?;
-            progress.finish();
-            report(&outcomes, left_over, json)?
-        }
-        ParkedCommand::Discard {
-            offsets,
-            filter,
-            yes,
-            by: who,
-            json,
-        } => {
-            let filter = filter.build(&offsets)?;
-            let who = by(who);
-            let progress = Progress::new("discarding", json);
-            let done = lot
-                .act(&filter, &who, parking::ActIndex::Fresh, async |index, selection| {
-                    if !yes && !selection.entries.is_empty() {
-                        match ask_before_discarding(&selection.entries, 0)? {
-                            Answer::Yes => {}
-                            answer => return Ok(Err(answer)),
-                        }
-                    }
-                    info!(ladder = %spec.name, by = %who, entries = selection.entries.len(), "discard requested");
-                    progress.set_length(selection.entries.len());
-                    let outcomes = lot
-                        .discard_with(index, &selection.entries, &who, &mut |_| progress.inc())
-                        .await?;
-                    Ok(Ok((outcomes, selection.left_over)))
-                })
-                .await?;
-            progress.finish();
-            match done {
-                Ok((outcomes, left_over)) => report(&outcomes, left_over, json)?,
-                Err(answer) => declined(answer),
-            }
-        }
-    };
+    let code = run(&side, args.command, &stream).await;
     let _ = tokio::time::timeout(parking::BROKER_TIMEOUT, connection.close(200, "done")).await;
-    Ok(code)
+    code
 }
 
-/// The command through a service's API; replay and discard with `token` (the caller made sure
-/// there is one).
-async fn through_service(
-    service: &Service,
-    command: ParkedCommand,
-    token: Option<&str>,
-    stream: &str,
-) -> anyhow::Result<ExitCode> {
+/// Who answers a `ladder parked` command: a running service through its API (replay and
+/// discard with `token`), or the stream on a connection of this command's own. Each command is
+/// written once ([`run`]); only the transport differs.
+enum Side<'a> {
+    Service {
+        service: &'a Service,
+        token: Option<&'a str>,
+    },
+    Stream {
+        lot: Box<ParkingLot<'a>>,
+        ladder: &'a str,
+        max_header_bytes: usize,
+        user: Option<String>,
+    },
+}
+
+/// A replay as asked, its arguments checked.
+struct Replay {
+    offsets: Vec<u64>,
+    filter: FilterArgs,
+    to: Option<String>,
+    rate: Option<String>,
+    dry_run: bool,
+    edit: Option<CliEdit>,
+    by: Option<String>,
+}
+
+/// What a replay or discard did: each entry's outcome, and how many more match.
+type Done = (Vec<parking::Outcome>, u64);
+
+/// Runs `command` against `side`; the output is the same whichever side answers.
+async fn run(side: &Side<'_>, command: ParkedCommand, stream: &str) -> anyhow::Result<ExitCode> {
     Ok(match command {
         ParkedCommand::List {
             filter,
@@ -444,19 +344,13 @@ async fn through_service(
             offset,
             all,
             json,
-        } => {
-            filter.build(&[])?;
-            let page = service.list(&filter.query(), offset, limit, all).await?;
-            print_page(&page, all, json, stream)?
-        }
+        } => print_page(&side.list(&filter, offset, limit, all).await?, all, json, stream)?,
         ParkedCommand::Counts { filter, all, json } => {
-            filter.build(&[])?;
-            let counts = service.counts(&filter.query(), all).await?;
-            print_counts(&counts, all, json, stream)?
+            print_counts(&side.counts(&filter, all).await?, all, json, stream)?
         }
-        ParkedCommand::Show { offset, json } => print_entry(&service.show(offset).await?, json, stream)?,
+        ParkedCommand::Show { offset, json } => print_entry(&side.show(offset).await?, json, stream)?,
         ParkedCommand::Body { offset } => {
-            let body = service.body(offset).await?;
+            let body = side.body(offset).await?;
             std::io::Write::write_all(&mut std::io::stdout().lock(), &body)?;
             ExitCode::SUCCESS
         }
@@ -471,58 +365,33 @@ async fn through_service(
             by,
             json,
         } => {
-            let token = token.context("replay through the API needs a token")?;
-            refuse_by(by.as_deref())?;
-            if let Some((set_headers, body)) = cli_edit(
+            side.may_act("replay", by.as_deref())?;
+            let edit = cli_edit(
                 &offsets,
                 &filter,
                 rate.is_some() || dry_run,
                 &edit_header,
                 edit_body_file.as_deref(),
-            )? {
-                let mut request = serde_json::Map::new();
-                request.insert(
-                    "set_headers".into(),
-                    json!(set_headers.into_iter().collect::<BTreeMap<_, _>>()),
-                );
-                if let Some(body) = body {
-                    request.insert(
-                        "body_base64".into(),
-                        json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, body)),
-                    );
-                }
-                if let Some(to) = to {
-                    request.insert("to".into(), json!(to));
-                }
-                let progress = Progress::new("replaying", json);
-                let job = follow(
-                    service,
-                    &format!("{}/edit-replay", offsets[0]),
-                    token,
-                    request,
-                    &progress,
-                )
-                .await?;
-                return finish_job(job, json);
+            )?;
+            if edit.is_none() {
+                not_everything(&filter.build(&offsets)?)?;
             }
-            not_everything(&filter.build(&offsets)?)?;
             if let Some(rate) = &rate {
                 rate.parse::<ladder::model::lot::pace::Rate>()
                     .map_err(parking::ParkingError::from)?;
             }
-            let mut request = filter.request(&offsets)?;
-            if let Some(to) = to {
-                request.insert("to".into(), json!(to));
-            }
-            if let Some(rate) = rate {
-                request.insert("rate".into(), json!(rate));
-            }
-            if dry_run {
-                request.insert("dry_run".into(), json!(true));
-            }
             let progress = Progress::new(if dry_run { "checking" } else { "replaying" }, json);
-            let job = follow(service, "replay", token, request, &progress).await?;
-            finish_job(job, json)?
+            let replay = Replay {
+                offsets,
+                filter,
+                to,
+                rate,
+                dry_run,
+                edit,
+                by,
+            };
+            let (outcomes, left_over) = side.replay(replay, &progress).await?;
+            report(&outcomes, left_over, json)?
         }
         ParkedCommand::Discard {
             offsets,
@@ -531,36 +400,247 @@ async fn through_service(
             by,
             json,
         } => {
-            let token = token.context("discard through the API needs a token")?;
-            refuse_by(by.as_deref())?;
+            side.may_act("discard", by.as_deref())?;
             not_everything(&filter.build(&offsets)?)?;
-            let mut request = filter.request(&offsets)?;
-            if !yes {
-                // what would be discarded: the oldest unresolved matches, at most one page
-                let mut query = filter.query();
-                if !offsets.is_empty() {
-                    let list: Vec<String> = offsets.iter().map(u64::to_string).collect();
-                    query.push(("offsets".into(), list.join(",")));
-                }
-                let total = service.list(&query, 0, 0, false).await?.total as usize;
-                let skip = total.saturating_sub(service::PAGE);
-                let mut shown = service.list(&query, skip, service::PAGE, false).await?.entries;
-                shown.reverse();
-                if !shown.is_empty() {
-                    match ask_before_discarding(&shown, total - shown.len())? {
-                        Answer::Yes => {}
-                        answer => return Ok(declined(answer)),
-                    }
-                    // exactly what was shown (and still matches and is unresolved)
-                    let offsets: Vec<u64> = shown.iter().map(|e| e.offset).collect();
-                    request.insert("offsets".into(), json!(offsets));
-                }
-            }
             let progress = Progress::new("discarding", json);
-            let job = follow(service, "discard", token, request, &progress).await?;
-            finish_job(job, json)?
+            match side.discard(&offsets, &filter, yes, by, &progress).await? {
+                Ok((outcomes, left_over)) => report(&outcomes, left_over, json)?,
+                Err(answer) => declined(answer),
+            }
         }
     })
+}
+
+impl Side<'_> {
+    /// Whether this side may replay or discard as asked: over the API with a token, and
+    /// without `--by` (the record names the token's owner).
+    fn may_act(&self, action: &str, by: Option<&str>) -> anyhow::Result<()> {
+        if let Side::Service { token, .. } = self {
+            token.with_context(|| format!("{action} through the API needs a token"))?;
+            refuse_by(by)?;
+        }
+        Ok(())
+    }
+
+    /// Who asked, as the stream's record names them.
+    fn by(&self, by: Option<String>) -> String {
+        match self {
+            Side::Stream { user, .. } => by.or_else(|| user.clone()).unwrap_or_else(|| "unknown".into()),
+            Side::Service { .. } => String::new(),
+        }
+    }
+
+    async fn list(&self, filter: &FilterArgs, offset: usize, limit: usize, all: bool) -> anyhow::Result<parking::Page> {
+        let built = filter.build(&[])?;
+        Ok(match self {
+            Side::Service { service, .. } => service.list(&filter.query(), offset, limit, all).await?,
+            Side::Stream { lot, .. } => {
+                let index = lot.index_for(&built).await?;
+                lot.list(&index, &built, parking::PageRequest { offset, limit }, all)
+                    .await?
+            }
+        })
+    }
+
+    async fn counts(&self, filter: &FilterArgs, all: bool) -> anyhow::Result<ladder::model::lot::index::Counts> {
+        let built = filter.build(&[])?;
+        Ok(match self {
+            Side::Service { service, .. } => service.counts(&filter.query(), all).await?,
+            Side::Stream { lot, .. } => lot.counts(&lot.index_for(&built).await?, &built, all).await?,
+        })
+    }
+
+    async fn show(&self, offset: u64) -> anyhow::Result<ParkedEntry> {
+        Ok(match self {
+            Side::Service { service, .. } => service.show(offset).await?,
+            Side::Stream { lot, .. } => {
+                let filter = ladder::model::lot::filter::Filter {
+                    offsets: Some([offset].into()),
+                    ..ladder::model::lot::filter::Filter::default()
+                };
+                lot.show(&lot.index_for(&filter).await?, offset).await?
+            }
+        })
+    }
+
+    async fn body(&self, offset: u64) -> anyhow::Result<Vec<u8>> {
+        Ok(match self {
+            Side::Service { service, .. } => service.body(offset).await?,
+            Side::Stream { .. } => self
+                .show(offset)
+                .await?
+                .body()
+                .map_err(parking::ParkingError::from)?
+                .into_owned(),
+        })
+    }
+
+    async fn replay(&self, replay: Replay, progress: &Progress) -> anyhow::Result<Done> {
+        let (lot, ladder, max_header_bytes) = match self {
+            Side::Service { service, token } => {
+                let token = token.context("replay through the API needs a token")?;
+                let job = follow(service, &replay.api_action(), token, replay.api_request()?, progress).await?;
+                let left_over = job.left_over;
+                return Ok((job.outcomes(), left_over));
+            }
+            Side::Stream {
+                lot,
+                ladder,
+                max_header_bytes,
+                ..
+            } => (lot, *ladder, *max_header_bytes),
+        };
+        let filter = replay.filter.build(&replay.offsets)?;
+        let options = parking::ReplayOptions {
+            to: replay.to.clone(),
+            rate: replay
+                .rate
+                .map(|r| r.parse())
+                .transpose()
+                .map_err(parking::ParkingError::from)?,
+            dry_run: replay.dry_run,
+            by: self.by(replay.by),
+            edit: replay.edit.map(|(set_headers, body)| ladder::model::lot::edit::Edit {
+                headers: None,
+                set_headers,
+                body,
+                max_header_bytes,
+            }),
+        };
+        let done = lot
+            .act(&filter, &options.by, parking::ActIndex::Fresh, async |index, selection| {
+                info!(%ladder, by = %options.by, entries = selection.entries.len(), dry_run = options.dry_run, "replay requested");
+                progress.set_length(selection.entries.len());
+                let outcomes = lot
+                    .replay_with(index, &selection.entries, &options, &mut |_| progress.inc())
+                    .await?;
+                Ok((outcomes, selection.left_over))
+            })
+            .await?;
+        progress.finish();
+        Ok(done)
+    }
+
+    /// Discards what `offsets` and `filter` select, after asking unless `yes`: `Err` is the
+    /// answer that declined.
+    async fn discard(
+        &self,
+        offsets: &[u64],
+        filter: &FilterArgs,
+        yes: bool,
+        by: Option<String>,
+        progress: &Progress,
+    ) -> anyhow::Result<Result<Done, Answer>> {
+        match self {
+            Side::Service { service, token } => {
+                let token = token.context("discard through the API needs a token")?;
+                let mut request = filter.request(offsets)?;
+                if !yes {
+                    match confirm_discard(service, offsets, filter).await? {
+                        Ok(Some(shown)) => {
+                            // exactly what was shown (and still matches and is unresolved)
+                            request.insert("offsets".into(), json!(shown));
+                        }
+                        Ok(None) => {}
+                        Err(answer) => return Ok(Err(answer)),
+                    }
+                }
+                let job = follow(service, "discard", token, request, progress).await?;
+                let left_over = job.left_over;
+                Ok(Ok((job.outcomes(), left_over)))
+            }
+            Side::Stream { lot, ladder, .. } => {
+                let filter = filter.build(offsets)?;
+                let who = self.by(by);
+                let done = lot
+                    .act(&filter, &who, parking::ActIndex::Fresh, async |index, selection| {
+                        if !yes && !selection.entries.is_empty() {
+                            match ask_before_discarding(&selection.entries, 0)? {
+                                Answer::Yes => {}
+                                answer => return Ok(Err(answer)),
+                            }
+                        }
+                        info!(%ladder, by = %who, entries = selection.entries.len(), "discard requested");
+                        progress.set_length(selection.entries.len());
+                        let outcomes = lot
+                            .discard_with(index, &selection.entries, &who, &mut |_| progress.inc())
+                            .await?;
+                        Ok(Ok((outcomes, selection.left_over)))
+                    })
+                    .await?;
+                progress.finish();
+                Ok(done)
+            }
+        }
+    }
+}
+
+impl Replay {
+    /// The API's action: an edited replay of one entry, or a replay.
+    fn api_action(&self) -> String {
+        match (&self.edit, self.offsets.first()) {
+            (Some(_), Some(offset)) => format!("{offset}/edit-replay"),
+            _ => "replay".to_string(),
+        }
+    }
+
+    /// The API's request for this replay.
+    fn api_request(&self) -> anyhow::Result<serde_json::Map<String, Value>> {
+        let mut request = match &self.edit {
+            Some((set_headers, body)) => {
+                let mut request = serde_json::Map::new();
+                request.insert(
+                    "set_headers".into(),
+                    json!(set_headers.iter().cloned().collect::<BTreeMap<_, _>>()),
+                );
+                if let Some(body) = body {
+                    request.insert(
+                        "body_base64".into(),
+                        json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, body)),
+                    );
+                }
+                request
+            }
+            None => self.filter.request(&self.offsets)?,
+        };
+        if let Some(to) = &self.to {
+            request.insert("to".into(), json!(to));
+        }
+        if self.edit.is_none() {
+            if let Some(rate) = &self.rate {
+                request.insert("rate".into(), json!(rate));
+            }
+            if self.dry_run {
+                request.insert("dry_run".into(), json!(true));
+            }
+        }
+        Ok(request)
+    }
+}
+
+/// Over the API, shows what a discard would act on — the oldest unresolved matches, at most one
+/// page — and asks: the offsets shown when the answer is yes (`None`: nothing matches).
+async fn confirm_discard(
+    service: &Service,
+    offsets: &[u64],
+    filter: &FilterArgs,
+) -> anyhow::Result<Result<Option<Vec<u64>>, Answer>> {
+    let mut query = filter.query();
+    if !offsets.is_empty() {
+        let list: Vec<String> = offsets.iter().map(u64::to_string).collect();
+        query.push(("offsets".into(), list.join(",")));
+    }
+    let total = service.list(&query, 0, 0, false).await?.total as usize;
+    let skip = total.saturating_sub(service::PAGE);
+    let mut shown = service.list(&query, skip, service::PAGE, false).await?.entries;
+    shown.reverse();
+    if shown.is_empty() {
+        return Ok(Ok(None));
+    }
+    match ask_before_discarding(&shown, total - shown.len())? {
+        Answer::Yes => Ok(Ok(Some(shown.iter().map(|e| e.offset).collect()))),
+        answer => Ok(Err(answer)),
+    }
 }
 
 /// An action needs offsets or a filter, as [`ParkingLot::act`] says: checked before asking
@@ -673,11 +753,6 @@ async fn follow(
         Some(error) => Err(anyhow::anyhow!("the {action} failed in the service: {error}")),
         None => Ok(job),
     }
-}
-
-fn finish_job(job: service::ApiJob, json: bool) -> anyhow::Result<ExitCode> {
-    let left_over = job.left_over;
-    report(&job.outcomes(), left_over, json)
 }
 
 fn print_page(page: &parking::Page, all: bool, json: bool, stream: &str) -> anyhow::Result<ExitCode> {

@@ -59,15 +59,8 @@ pub async fn run(config: Config, env: &HashMap<String, String>, allow_dev_broker
     info!(tracing = state.telemetry.enabled(), "telemetry");
     // kept as a std listener: each admin server after a reload serves a clone of it, so the
     // port stays bound (connections wait in its backlog) while one stops and the next starts
-    let listener = match std::net::TcpListener::bind(config.admin.bind).and_then(|l| {
-        l.set_nonblocking(true)?;
-        Ok(l)
-    }) {
-        Ok(listener) => listener,
-        Err(e) => {
-            error!(bind = %config.admin.bind, error = %e, "cannot listen for the admin server (admin.bind)");
-            return ExitCode::from(exit::UNAVAILABLE);
-        }
+    let Some(listener) = listen(config.admin.bind) else {
+        return ExitCode::from(exit::UNAVAILABLE);
     };
     // a broker that does not answer as the service starts is an error, or a development broker
     // to start; later losses are the supervisor's to ride out
@@ -191,6 +184,21 @@ async fn serve_until_next(
                     }
                 },
             },
+        }
+    }
+}
+
+/// The admin server's listener on `bind`, non-blocking; `None` (logged) when it cannot bind.
+fn listen(bind: std::net::SocketAddr) -> Option<std::net::TcpListener> {
+    let bound = std::net::TcpListener::bind(bind).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    });
+    match bound {
+        Ok(listener) => Some(listener),
+        Err(e) => {
+            error!(%bind, error = %e, "cannot listen for the admin server (admin.bind)");
+            None
         }
     }
 }
