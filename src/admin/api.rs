@@ -195,8 +195,8 @@ pub(crate) fn is_api_path(path: &str) -> bool {
 /// Middleware: an error answered under `/api` that is not JSON yet — the router's 404 (no such
 /// route) and 405 (a method the route does not take; axum adds `Allow` after this layer), or a
 /// rejection of any inner layer — becomes `{"error": "..."}` with the same status and headers.
-/// A 422 becomes 400: the API answers every request it cannot read with 400 (README "Over
-/// HTTP"). Other paths (the web page, health, metrics) are left alone.
+/// A 422 becomes 400: the API answers every request it cannot read with 400
+/// (`docs/src/reference/http-api.md`). Other paths (the web page, health, metrics) are left alone.
 pub(crate) async fn json_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     if !is_api_path(request.uri().path()) {
         return next.run(request).await;

@@ -12,7 +12,7 @@
 //!
 //! Element ids and classes (`#ladders`, `#filters`, `#total`, `tr.entry`, `a.show`, `#body`,
 //! `#resolution`, `#confirm`, `#outcome`, …) are a contract with the browser test
-//! (`tests/browser.rs`). Everything the page does goes through the same [`crate::admin::desk`]
+//! (`tests/it/browser.rs`). Everything the page does goes through the same [`crate::admin::desk`]
 //! calls as the JSON API.
 
 use std::sync::Arc;

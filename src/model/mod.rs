@@ -3,9 +3,9 @@
 //!
 //! Nothing here does I/O, reads a clock or knows the broker client's connections and channels:
 //! callers hand in the time and the message's properties, and get decisions and values back.
-//! Everything here is unit-tested (and fuzzed) without a broker; `tests/purity.rs` fails if a
-//! file here imports the client's `Connection`/`Channel`, tokio, or the `broker` and `admin`
-//! wings.
+//! Everything here is unit-tested (and fuzzed) without a broker;
+//! `tests::the_model_does_no_io_and_knows_no_other_wing` fails if a file here names the
+//! client's connections or channels, tokio, a clock read, or another wing.
 
 pub mod accounting;
 pub mod backoff;

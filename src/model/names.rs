@@ -1,5 +1,5 @@
-//! The names every ladder owns on the broker, for namespace `N` and ladder `L` — a contract
-//! other tools and languages rely on (README "Topology"). Every name is made here.
+//! The names every ladder owns on the broker, for namespace `N` and ladder `L`: a contract other
+//! tools and languages rely on (`docs/src/concepts/topology.md`). Every name is made here.
 
 use std::fmt;
 

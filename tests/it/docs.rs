@@ -202,7 +202,7 @@ fn broken_links(file: &Path, text: &str, in_book: bool) -> Vec<String> {
     broken
 }
 
-/// Every relative link of the book, README, BENCHMARKS.md and the benchmarks' history lands on a
+/// Every relative link of the book, README, BENCHMARKS.md and ARCHITECTURE.md lands on a
 /// file that exists and on a heading of it; every page of the book is in `SUMMARY.md` and every
 /// chapter `SUMMARY.md` names exists. `scripts/test` runs this right after `mdbook build docs`.
 #[test]
@@ -211,12 +211,7 @@ fn book_links_land() {
     for file in book_pages() {
         broken.extend(broken_links(&file, &page(&file), true));
     }
-    for file in [
-        "README.md",
-        "BENCHMARKS.md",
-        "benchmarks/history.md",
-        "examples/README.md",
-    ] {
+    for file in ["README.md", "BENCHMARKS.md", "ARCHITECTURE.md", "examples/README.md"] {
         let path = root().join(file);
         broken.extend(broken_links(&path, &read(&path), false));
     }
@@ -633,4 +628,69 @@ fn troubleshooting_quotes_messages_the_code_has() {
     }
     assert!(quoted >= 15, "the quotes were found: {quoted}");
     assert!(missing.is_empty(), "quoted but not in src/: {missing:#?}");
+}
+
+/// Every file of the repository a comment or a document names in backticks exists (issue 47):
+/// `src/…`, `tests/…`, `docs/…` and the other top-level folders, and `../shared/…`.
+#[test]
+fn every_path_named_in_backticks_exists() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() && name != "target" && name != "node_modules" && !name.starts_with('.') {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = vec![];
+    for dir in ["src", "amqp/src", "bench/src", "tests", "docs/src"] {
+        walk(&root().join(dir), &mut files);
+    }
+    for file in [
+        "README.md",
+        "ARCHITECTURE.md",
+        "BENCHMARKS.md",
+        "SECURITY.md",
+        "CHANGELOG.md",
+    ] {
+        if root().join(file).exists() {
+            files.push(root().join(file));
+        }
+    }
+    let named = regex::Regex::new(
+        r"`((?:\.\./shared|src|tests|amqp|bench|docs|scripts|deploy|examples|fuzz|benchmarks|ladders)/[A-Za-z0-9_./-]*[A-Za-z0-9_])(?:[:#][^`]*)?`",
+    )
+    .unwrap();
+    let (mut checked, mut missing) = (0, vec![]);
+    for file in &files {
+        let text = read(file);
+        let rust = file.extension().is_some_and(|e| e == "rs");
+        for (n, line) in text.lines().enumerate() {
+            // in Rust, only comments: a string may name a path of a test's own making
+            if rust && !line.trim_start().starts_with("//") {
+                continue;
+            }
+            for found in named.captures_iter(line) {
+                let path = &found[1];
+                // the book as `mdbook build` makes it, not kept in the repository
+                if path.starts_with("docs/book/") {
+                    continue;
+                }
+                checked += 1;
+                if !root().join(path).exists() {
+                    let here = file.strip_prefix(root()).unwrap_or(file).display();
+                    missing.push(format!("{here}:{}: `{path}`", n + 1));
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "found only {checked} paths named: the scan is broken");
+    assert!(
+        missing.is_empty(),
+        "paths named that do not exist:\n{}",
+        missing.join("\n")
+    );
 }

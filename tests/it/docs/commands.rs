@@ -61,7 +61,8 @@ fn shell_pipeline(line: &str) -> Vec<(Vec<String>, bool)> {
 /// `console` block, or a `$ ` line of a transcript) or in a code span of the prose.
 #[derive(Debug)]
 struct ShownCommand {
-    /// `docs/src/page.md:12` (the line of the page as mdBook renders it, includes expanded).
+    /// The page and line, as `docs/src/<page>.md:12` (the line as mdBook renders it, includes
+    /// expanded).
     place: String,
     /// The shell line it is part of.
     line: String,
