@@ -97,17 +97,17 @@ pub async fn record(
         let ladder = names.exchange.strip_prefix(&prefix).unwrap_or_default();
         unrecorded.iter().any(|l| l == ladder) || crate::model::upgrade::forwards(&registry, names)
     };
-    let mut planned = crate::model::drift::planned(&config.namespace, &config.ladders, version, older);
+    let mut planned = crate::model::upgrade::planned(&config.namespace, &config.ladders, version, older);
     // the tiers a ladder declared itself before tiers were shared, where they still exist:
     // recorded, so they show as retired until `ladder prune` removes them
-    let unknown: Vec<Known> = crate::model::drift::own_tiers(&config.namespace, &config.ladders)
+    let unknown: Vec<Known> = crate::model::upgrade::own_tiers(&config.namespace, &config.ladders)
         .into_iter()
         .filter(|k| unrecorded.contains(&k.ladder) && !registry.knows(k))
         .collect();
     let seen = observe(connection, &unknown).await?;
     planned.extend(unknown.into_iter().zip(seen).filter(|(_, o)| o.exists).map(|(k, _)| k));
     let by = format!("{} {}", config.amqp.connection_name, env!("CARGO_PKG_VERSION"));
-    if let Some(record) = registry.declaring(&planned, crate::clock::now_ms(), &by) {
+    if let Some(record) = registry.declaring(&planned, crate::model::upgrade::LAYOUT, crate::clock::now_ms(), &by) {
         append(
             connection,
             &Names::topology(&config.namespace),
@@ -255,7 +255,7 @@ pub async fn retired_now(
     version: topology::BrokerVersion,
     registry: &Registry,
 ) -> Result<Vec<Retired>, DriftError> {
-    let planned = crate::model::drift::planned(&config.namespace, &config.ladders, version, |names: &Names| {
+    let planned = crate::model::upgrade::planned(&config.namespace, &config.ladders, version, |names: &Names| {
         crate::model::upgrade::forwards(registry, names)
     });
     let retired = registry.retired(&config.namespace, &planned);
@@ -476,7 +476,7 @@ fn retired_inflows(config: &Config, registry: &Registry, r: &Retired) -> Vec<Dec
         // a ladder's own tier, from before tiers were shared
         (false, Some(tier)) if !r.ladder.is_empty() => {
             let names = Names::new(&config.namespace, &r.ladder);
-            crate::model::plan::tier_inflows(&names, &r.ladder, tier, &r.name, true)
+            crate::model::upgrade::tier_inflows(&names, &r.ladder, tier, &r.name, true)
         }
         // a shared tier no ladder uses now: whichever served ladder may still route into it
         (false, Some(tier)) => {
@@ -487,7 +487,7 @@ fn retired_inflows(config: &Config, registry: &Registry, r: &Retired) -> Vec<Dec
                 .flat_map(|spec| {
                     let names = Names::of(&config.namespace, spec);
                     let older = crate::model::upgrade::forwards(registry, &names);
-                    crate::model::plan::tier_inflows(&names, &spec.name, tier, &r.name, older)
+                    crate::model::upgrade::tier_inflows(&names, &spec.name, tier, &r.name, older)
                 })
                 .collect()
         }
@@ -498,7 +498,7 @@ fn retired_inflows(config: &Config, registry: &Registry, r: &Retired) -> Vec<Dec
 /// The role of a first wait of before (`N.L.wait.<tier>`, `first_failures = "direct"`).
 const RETIRED_WAIT: &str = "wait.";
 
-/// Unbinds (or, `bind`, binds again) a retired tier's inflows ([`crate::model::plan::tier_inflows`]).
+/// Unbinds (or, `bind`, binds again) a retired tier's inflows ([`crate::model::upgrade::tier_inflows`]).
 async fn set_inflows(channel: &Channel, inflows: &[Declaration], bind: bool) -> Result<(), DriftError> {
     for inflow in inflows {
         if let Declaration::Binding {

@@ -15,11 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::ladder::LadderSpec;
-use crate::model::names::Names;
-use crate::model::plan::{self, ArgValue, BrokerVersion, Declaration};
-use crate::model::upgrade;
-
 /// The `type` property of a topology record.
 pub const TOPOLOGY_FORMAT: &str = "ladder.topology/v1";
 
@@ -168,10 +163,10 @@ impl Registry {
         self.layout
     }
 
-    /// The record to append after declaring `planned` in today's layout: everything known with
-    /// the plan added, or `None` when the stream already knows the plan as it is.
-    pub fn declaring(&self, planned: &[Known], at_ms: u64, by: &str) -> Option<TopologyRecord> {
-        if self.layout == Some(upgrade::LAYOUT)
+    /// The record to append after declaring `planned` in layout `layout` (today's): everything
+    /// known with the plan added, or `None` when the stream already knows the plan as it is.
+    pub fn declaring(&self, planned: &[Known], layout: u32, at_ms: u64, by: &str) -> Option<TopologyRecord> {
+        if self.layout == Some(layout)
             && planned
                 .iter()
                 .all(|p| self.known.get(&(p.kind, p.name.clone())) == Some(p))
@@ -186,7 +181,7 @@ impl Registry {
             at_ms,
             by: by.to_string(),
             objects: all.into_values().collect(),
-            layout: Some(upgrade::LAYOUT),
+            layout: Some(layout),
         })
     }
 
@@ -200,91 +195,6 @@ impl Registry {
             .cloned()
             .collect()
     }
-}
-
-/// Every queue and exchange the plan of `ladders` declares in `namespace`, as the topology
-/// stream records them; with the forwarding layer of each ladder `older` says an earlier
-/// release declared ([`crate::model::upgrade`]).
-pub fn planned(
-    namespace: &str,
-    ladders: &[LadderSpec],
-    version: BrokerVersion,
-    older: impl Fn(&Names) -> bool,
-) -> Vec<Known> {
-    // the namespace's own objects (ladder ""): their role is their name after `N.`
-    let shared = (
-        String::new(),
-        format!("{namespace}."),
-        "",
-        plan::plan_shared(namespace, ladders, version),
-    );
-    let own = ladders.iter().map(|spec| {
-        let names = Names::of(namespace, spec);
-        let base = format!("{}.", names.exchange);
-        (
-            spec.name.clone(),
-            base,
-            ENTRY_ROLE,
-            upgrade::plan_ladder(&names, spec, version, upgrade::Before::from_older(older(&names))),
-        )
-    });
-    let mut out = Vec::new();
-    for (ladder, base, bare, declarations) in std::iter::once(shared).chain(own) {
-        let role = |name: &str| name.strip_prefix(&base).unwrap_or(bare).to_string();
-        for declaration in declarations {
-            match declaration {
-                Declaration::Queue { name, args, .. } => {
-                    let ttl_ms = args.iter().find_map(|(key, value)| match (key, value) {
-                        (&"x-message-ttl", ArgValue::Int(ms)) => u64::try_from(*ms).ok(),
-                        _ => None,
-                    });
-                    let stream = args.contains(&("x-queue-type", ArgValue::Str("stream".into())));
-                    out.push(Known {
-                        role: role(&name),
-                        name,
-                        kind: Kind::Queue,
-                        ladder: ladder.clone(),
-                        ttl_ms,
-                        stream,
-                    });
-                }
-                Declaration::Exchange { name, .. } => out.push(Known {
-                    role: role(&name),
-                    name,
-                    kind: Kind::Exchange,
-                    ladder: ladder.clone(),
-                    ttl_ms: None,
-                    stream: false,
-                }),
-                Declaration::Binding { .. } | Declaration::Unbinding { .. } => {}
-            }
-        }
-    }
-    // an exchange and a queue may share a name (N.L.due): both are kept, once each
-    let mut seen = BTreeSet::new();
-    out.retain(|k| seen.insert((k.name.clone(), k.kind)));
-    out
-}
-
-/// The tier queues each of `ladders` declared for itself before tiers were shared
-/// (`N.L.delay.<tier>`, see [`Names::own_tier_queue_named`]), as the topology stream records
-/// them. A release before the stream did not record them: the caller adds those that exist, so
-/// they show as retired and `ladder prune` removes them once they drain.
-pub fn own_tiers(namespace: &str, ladders: &[LadderSpec]) -> Vec<Known> {
-    ladders
-        .iter()
-        .flat_map(|spec| {
-            let names = Names::new(namespace, &spec.name);
-            spec.tiers.iter().map(move |tier| Known {
-                name: names.own_tier_queue_named(&upgrade::old_name(tier)),
-                kind: Kind::Queue,
-                ladder: spec.name.clone(),
-                role: format!("delay.{}", upgrade::old_name(tier)),
-                ttl_ms: Some(tier.ttl_ms()),
-                stream: false,
-            })
-        })
-        .collect()
 }
 
 /// What the broker says of one object: whether it exists, and a queue's messages and consumers
@@ -473,7 +383,15 @@ pub fn prune_plan(retired: &[Retired], with_parking_lot: bool) -> Vec<PruneStep>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ladder::{DeadLetterStrategy, QueueType};
+
+    impl Registry {
+        fn declaring_today(&self, planned: &[Known], at_ms: u64, by: &str) -> Option<TopologyRecord> {
+            self.declaring(planned, LAYOUT, at_ms, by)
+        }
+    }
+    use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType};
+    use crate::model::plan::BrokerVersion;
+    use crate::model::upgrade::{LAYOUT, planned};
 
     fn spec(name: &str, steps: &[&str]) -> LadderSpec {
         LadderSpec::new(
@@ -495,10 +413,12 @@ mod tests {
         let six = spec("t", &["6s"]);
         let mut registry = Registry::default();
         let first = planned("ns", std::slice::from_ref(&six), v(), |_| false);
-        let record = registry.declaring(&first, 1, "a").expect("a new plan is recorded");
+        let record = registry
+            .declaring_today(&first, 1, "a")
+            .expect("a new plan is recorded");
         registry.apply(&record);
         assert_eq!(
-            registry.declaring(&first, 2, "a"),
+            registry.declaring_today(&first, 2, "a"),
             None,
             "the same plan again adds nothing"
         );
@@ -506,7 +426,11 @@ mod tests {
 
         let two = spec("t", &["2s", "4s"]);
         let second = planned("ns", std::slice::from_ref(&two), v(), |_| false);
-        registry.apply(&registry.declaring(&second, 3, "b").expect("new tiers are recorded"));
+        registry.apply(
+            &registry
+                .declaring_today(&second, 3, "b")
+                .expect("new tiers are recorded"),
+        );
         let retired = registry.retired("ns", &second);
         let names: Vec<&str> = retired.iter().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["ns.delay.6s"], "only the old tier is retired: {names:?}");
@@ -531,9 +455,9 @@ mod tests {
     fn a_record_round_trips_and_holds_everything_known() {
         let mut registry = Registry::default();
         let a = planned("ns", &[spec("a", &["1s"])], v(), |_| false);
-        registry.apply(&registry.declaring(&a, 1, "x").unwrap());
+        registry.apply(&registry.declaring_today(&a, 1, "x").unwrap());
         let b = planned("ns", &[spec("b", &["1s"])], v(), |_| false);
-        let record = registry.declaring(&b, 2, "y").unwrap();
+        let record = registry.declaring_today(&b, 2, "y").unwrap();
         let back = TopologyRecord::from_slice(&record.to_vec()).expect("reads back");
         assert_eq!(back, record);
         // the newest record alone knows ladder a too: a cut stream loses nothing
@@ -567,7 +491,7 @@ mod tests {
         let mut registry = Registry::default();
         registry.apply(
             &registry
-                .declaring(
+                .declaring_today(
                     &planned("ns", &[spec("t", &["6s"]), spec("gone", &["1s"])], v(), |_| false),
                     1,
                     "x",

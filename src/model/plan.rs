@@ -249,21 +249,6 @@ pub fn topology_stream(namespace: &str) -> Declaration {
 /// only when a plan adds something.
 pub const TOPOLOGY_MAX_BYTES: i64 = 8 * 1024 * 1024;
 
-/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by
-/// `retry-next` from `N.L`; on a ladder of an older layout from `N.L.next`, and by tier name from
-/// `N.L.tiers`): what `ladder prune` removes before it looks a last time whether a retired
-/// tier is empty and deletes it. Unbinding one that does not exist is no error.
-pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str, older: bool) -> Vec<Declaration> {
-    if !older {
-        return vec![route(&names.exchange, queue, ladder, tier)];
-    }
-    let old = crate::model::upgrade::OldNames::of(names);
-    vec![
-        route(&old.next, queue, ladder, tier),
-        bind(&old.tiers, queue, tier, false),
-    ]
-}
-
 /// The binding of `exchange` (`N.L`) that routes a failure whose `retry-next` is `value` of
 /// `ladder` into `queue`.
 pub(crate) fn route(exchange: &str, queue: &str, ladder: &str, value: &str) -> Declaration {

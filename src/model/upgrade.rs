@@ -23,10 +23,12 @@
 //!
 //! [`plan`]: crate::model::plan::plan
 
-use crate::model::drift::Registry;
+use std::collections::BTreeSet;
+
+use crate::model::drift::{ENTRY_ROLE, Kind, Known, Registry};
 use crate::model::ladder::LadderSpec;
 use crate::model::names::Names;
-use crate::model::plan::{self, BrokerVersion, Declaration, bind, exchange, unbind};
+use crate::model::plan::{self, ArgValue, BrokerVersion, Declaration, bind, exchange, unbind};
 
 /// Today's layout, recorded with each record of the topology stream.
 pub const LAYOUT: u32 = 3;
@@ -241,6 +243,106 @@ pub fn waited_tier(routing_key: &[u8]) -> Option<&str> {
 /// `N.L.wait.<tier>` of the ladder `names` are for, with its tier family.
 pub fn wait_queue(names: &Names, tier: &str) -> String {
     format!("{}.wait.{tier}{}", names.exchange, names.tier_family)
+}
+
+/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by
+/// `retry-next` from `N.L`; on a ladder of an older layout from `N.L.next`, and by tier name from
+/// `N.L.tiers`): what `ladder prune` removes before it looks a last time whether a retired
+/// tier is empty and deletes it. Unbinding one that does not exist is no error.
+pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str, older: bool) -> Vec<Declaration> {
+    if !older {
+        return vec![plan::route(&names.exchange, queue, ladder, tier)];
+    }
+    let old = OldNames::of(names);
+    vec![
+        plan::route(&old.next, queue, ladder, tier),
+        bind(&old.tiers, queue, tier, false),
+    ]
+}
+
+/// Every queue and exchange the plan of `ladders` declares in `namespace`, as the topology
+/// stream records them; with the forwarding layer of each ladder `older` says an earlier
+/// release declared.
+pub fn planned(
+    namespace: &str,
+    ladders: &[LadderSpec],
+    version: BrokerVersion,
+    older: impl Fn(&Names) -> bool,
+) -> Vec<Known> {
+    // the namespace's own objects (ladder ""): their role is their name after `N.`
+    let shared = (
+        String::new(),
+        format!("{namespace}."),
+        "",
+        plan::plan_shared(namespace, ladders, version),
+    );
+    let own = ladders.iter().map(|spec| {
+        let names = Names::of(namespace, spec);
+        let base = format!("{}.", names.exchange);
+        (
+            spec.name.clone(),
+            base,
+            ENTRY_ROLE,
+            plan_ladder(&names, spec, version, Before::from_older(older(&names))),
+        )
+    });
+    let mut out = Vec::new();
+    for (ladder, base, bare, declarations) in std::iter::once(shared).chain(own) {
+        let role = |name: &str| name.strip_prefix(&base).unwrap_or(bare).to_string();
+        for declaration in declarations {
+            match declaration {
+                Declaration::Queue { name, args, .. } => {
+                    let ttl_ms = args.iter().find_map(|(key, value)| match (key, value) {
+                        (&"x-message-ttl", ArgValue::Int(ms)) => u64::try_from(*ms).ok(),
+                        _ => None,
+                    });
+                    let stream = args.contains(&("x-queue-type", ArgValue::Str("stream".into())));
+                    out.push(Known {
+                        role: role(&name),
+                        name,
+                        kind: Kind::Queue,
+                        ladder: ladder.clone(),
+                        ttl_ms,
+                        stream,
+                    });
+                }
+                Declaration::Exchange { name, .. } => out.push(Known {
+                    role: role(&name),
+                    name,
+                    kind: Kind::Exchange,
+                    ladder: ladder.clone(),
+                    ttl_ms: None,
+                    stream: false,
+                }),
+                Declaration::Binding { .. } | Declaration::Unbinding { .. } => {}
+            }
+        }
+    }
+    // an exchange and a queue may share a name (N.L.due): both are kept, once each
+    let mut seen = BTreeSet::new();
+    out.retain(|k| seen.insert((k.name.clone(), k.kind)));
+    out
+}
+
+/// The tier queues each of `ladders` declared for itself before tiers were shared
+/// (`N.L.delay.<tier>`, see [`Names::own_tier_queue_named`]), as the topology stream records
+/// them. A release before the stream did not record them: the caller adds those that exist, so
+/// they show as retired and `ladder prune` removes them once they drain.
+pub fn own_tiers(namespace: &str, ladders: &[LadderSpec]) -> Vec<Known> {
+    ladders
+        .iter()
+        .flat_map(|spec| {
+            let names = Names::new(namespace, &spec.name);
+            spec.tiers.iter().map(move |tier| Known {
+                name: names.own_tier_queue_named(&old_name(tier)),
+                kind: Kind::Queue,
+                ladder: spec.name.clone(),
+                role: format!("delay.{}", old_name(tier)),
+                ttl_ms: Some(tier.ttl_ms()),
+                stream: false,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
