@@ -39,7 +39,7 @@ use crate::admin::state::AdminState;
 use crate::broker::lot::{ErrorKind, Page, PageRequest, ParkingError, ReplayOptions};
 use crate::config::OperatorToken;
 use crate::model::lot::edit::Edit;
-use crate::model::lot::filter::{Filter, FilterInput};
+use crate::model::lot::filter::{Entries, Filter, FilterInput};
 use crate::model::lot::index::Counts;
 use crate::model::lot::pace::whole_number;
 use crate::model::lot::record::ParkedEntry;
@@ -54,12 +54,10 @@ pub const MAX_PAGE_SIZE: usize = 1000;
 /// A listing request: which entries, which page, resolved ones too or not.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListQuery {
-    /// Which entries.
+    /// Which entries, resolved ones too when asked.
     pub filter: Filter,
     /// Which page.
     pub page: PageRequest,
-    /// Include replayed and discarded entries.
-    pub include_resolved: bool,
 }
 
 /// Parses a listing's query parameters: `destination`, `reason`, `message_id`,
@@ -73,7 +71,7 @@ pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery,
         offset: 0,
         limit: DEFAULT_PAGE_SIZE,
     };
-    let mut include_resolved = false;
+    let mut entries = Entries::Unresolved;
     let number = |key: &str, value: &str| {
         whole_number(value).ok_or_else(|| ParkingError::Invalid(format!("{key} must be a whole number, got {value:?}")))
     };
@@ -88,9 +86,9 @@ pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery,
             "offset" => page.offset = number(key, raw)?,
             "limit" => page.limit = number(key, raw)?,
             "resolved" => {
-                include_resolved = match value {
-                    "include" | "true" | "yes" | "on" => true,
-                    "false" | "no" | "off" => false,
+                entries = match value {
+                    "include" | "true" | "yes" | "on" => Entries::All,
+                    "false" | "no" | "off" => Entries::Unresolved,
                     other => {
                         return Err(ParkingError::Invalid(format!(
                             "resolved is include (or true, yes, on) or false (no, off), got {other:?}"
@@ -108,9 +106,8 @@ pub fn parse_query(pairs: &[(String, String)], now_ms: u64) -> Result<ListQuery,
         )));
     }
     Ok(ListQuery {
-        filter: input.build(now_ms)?,
+        filter: input.build(now_ms)?.with_entries(entries),
         page,
-        include_resolved,
     })
 }
 
@@ -396,7 +393,7 @@ pub(crate) async fn list(
     ApiQuery(pairs): ApiQuery,
 ) -> Result<Json<ListView>, ApiError> {
     let q = parse_query(&pairs, crate::clock::now_ms())?;
-    let Page { total, entries } = state.desk.list(&ladder, &q.filter, q.page, q.include_resolved).await?;
+    let Page { total, entries } = state.desk.list(&ladder, &q.filter, q.page).await?;
     let status = state.desk.status(&ladder)?;
     Ok(Json(ListView {
         total,
@@ -426,7 +423,7 @@ pub(crate) async fn counts(
     ApiQuery(pairs): ApiQuery,
 ) -> Result<Json<CountsView>, ApiError> {
     let q = parse_query(&pairs, crate::clock::now_ms())?;
-    let counts = state.desk.counts(&ladder, &q.filter, q.include_resolved).await?;
+    let counts = state.desk.counts(&ladder, &q.filter).await?;
     let status = state.desk.status(&ladder)?;
     Ok(Json(CountsView {
         counts,
@@ -900,9 +897,9 @@ mod tests {
         assert_eq!(q.filter.since_ms, Some(10_000_000 - 3_600_000));
         assert_eq!(q.filter.until_ms, Some(1_795_305_600_000));
         assert_eq!((q.page.offset, q.page.limit), (50, 25));
-        assert!(q.include_resolved);
+        assert_eq!(q.filter.entries, Entries::All);
         let empty = parse_query(&[], 0).unwrap();
-        assert!(empty.filter.is_empty() && !empty.include_resolved);
+        assert!(empty.filter.is_empty() && empty.filter.entries == Entries::Unresolved);
         assert_eq!(empty.page.limit, DEFAULT_PAGE_SIZE);
     }
 

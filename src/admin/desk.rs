@@ -404,31 +404,25 @@ impl Desk {
     }
 
     /// A page of `ladder`'s parked entries matching `filter`, newest first.
-    pub async fn list(
-        &self,
-        ladder: &str,
-        filter: &Filter,
-        page: PageRequest,
-        include_resolved: bool,
-    ) -> Result<Page, ParkingError> {
+    pub async fn list(&self, ladder: &str, filter: &Filter, page: PageRequest) -> Result<Page, ParkingError> {
         let lot = self.lot(ladder)?;
         let connection = self.connection().await?;
         ParkingLot::new(&connection, &self.config.amqp, &self.config.namespace, &lot.spec)
-            .list(&lot.index, filter, page, include_resolved)
+            .list(&lot.index, filter, page)
             .await
     }
 
     /// `ladder`'s parked entries matching `filter`, counted in all, per destination and per
     /// reason.
-    pub async fn counts(&self, ladder: &str, filter: &Filter, include_resolved: bool) -> Result<Counts, ParkingError> {
+    pub async fn counts(&self, ladder: &str, filter: &Filter) -> Result<Counts, ParkingError> {
         let lot = self.lot(ladder)?;
         if !filter.needs_records() {
             // from memory: no connection needed
-            return Ok(lot.index.read().counts(filter, include_resolved));
+            return Ok(lot.index.read().counts(filter));
         }
         let connection = self.connection().await?;
         ParkingLot::new(&connection, &self.config.amqp, &self.config.namespace, &lot.spec)
-            .counts(&lot.index, filter, include_resolved)
+            .counts(&lot.index, filter)
             .await
     }
 

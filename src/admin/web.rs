@@ -29,7 +29,7 @@ use crate::admin::desk::{Job, JobKind, JobView};
 use crate::admin::poller::AccountingStatus;
 use crate::admin::state::{AdminState, LaddersView};
 use crate::broker::lot::{self as parking, PageRequest, ParkingError, ReplayOptions, Status};
-use crate::model::lot::filter::Filter;
+use crate::model::lot::filter::{Entries, Filter};
 use crate::model::lot::record::ParkedEntry;
 use crate::model::lot::text::{format_time, printable};
 use crate::model::protocol::ParkReason;
@@ -587,7 +587,7 @@ pub(crate) async fn list(
             return (StatusCode::BAD_REQUEST, page(&title, body)).into_response();
         }
     };
-    let found = match state.desk.list(&ladder, &q.filter, q.page, q.include_resolved).await {
+    let found = match state.desk.list(&ladder, &q.filter, q.page).await {
         Ok(found) => found,
         Err(e) => return parking_error(&e),
     };
@@ -614,13 +614,13 @@ pub(crate) async fn list(
     let breakdown = if q.filter.needs_records() || found.total == 0 {
         None
     } else {
-        state.desk.counts(&ladder, &q.filter, q.include_resolved).await.ok()
+        state.desk.counts(&ladder, &q.filter).await.ok()
     };
     let PageRequest { offset, limit } = q.page;
     let body = html! {
         (filter_form(&ladder, &pairs))
         p {
-            span #total { (found.total) } " matching " @if q.include_resolved { "entries" } @else { "unresolved entries" }
+            span #total { (found.total) } " matching " @if q.filter.entries == Entries::All { "entries" } @else { "unresolved entries" }
             @if !found.entries.is_empty() { ", showing " (offset + 1) "–" (offset + found.entries.len()) }
             ". "
             @if found.total > 0 && !q.filter.is_empty() {
@@ -1268,7 +1268,9 @@ pub(crate) async fn confirm_matching(
         Err(e) => return parking_error(&e),
     };
     let count = PageRequest { offset: 0, limit: 0 };
-    let total = match state.desk.list(&ladder, &q.filter, count, false).await {
+    // what the action would act on: unresolved entries
+    let unresolved = q.filter.clone().with_entries(Entries::Unresolved);
+    let total = match state.desk.list(&ladder, &unresolved, count).await {
         Ok(found) => found.total,
         Err(e) => return parking_error(&e),
     };

@@ -45,7 +45,7 @@ use crate::clock::now_ms;
 use crate::config::AmqpConfig;
 use crate::model::lot::Invalid;
 use crate::model::lot::edit::{Edit, EditAudit};
-use crate::model::lot::filter::Filter;
+use crate::model::lot::filter::{Entries, Filter};
 use crate::model::lot::pace::{Pacer, Rate};
 use crate::model::lot::record::{Action, MARKER_FORMAT, Marker, ParkedEntry, RESOLUTION_FORMAT, Resolution};
 
@@ -615,18 +615,12 @@ impl<'a> ParkingLot<'a> {
     }
 
     /// Entries matching `filter`, newest first, one page of them, and how many match in all.
-    /// Resolved entries are left out unless `include_resolved`. The index says which; the page's
-    /// records are read from the stream.
-    pub async fn list(
-        &self,
-        index: &SharedIndex,
-        filter: &Filter,
-        page: PageRequest,
-        include_resolved: bool,
-    ) -> Result<Page, ParkingError> {
+    /// The index says which (resolved ones only when the filter asks); the page's records are
+    /// read from the stream.
+    pub async fn list(&self, index: &SharedIndex, filter: &Filter, page: PageRequest) -> Result<Page, ParkingError> {
         let window = page.offset.saturating_add(page.limit);
         if !filter.needs_records() {
-            let found = index.read().page(filter, include_resolved, page.offset, page.limit);
+            let found = index.read().page(filter, page.offset, page.limit);
             let mut entries = self.entries(index, &found.offsets).await?;
             entries.sort_by_key(|e| std::cmp::Reverse(e.offset));
             return Ok(Page {
@@ -639,7 +633,7 @@ impl<'a> ParkingLot<'a> {
                 "offset + limit is {window}; at most {MAX_PAGE_WINDOW} when searching headers or bodies: narrow the filter instead"
             )));
         }
-        let candidates = index.read().candidates(filter, include_resolved);
+        let candidates = index.read().candidates(filter);
         let mut total = 0u64;
         let mut newest: VecDeque<ParkedEntry> = VecDeque::with_capacity(window.min(1024));
         self.fetch_each(&candidates, |offset, envelope| {
@@ -670,16 +664,11 @@ impl<'a> ParkingLot<'a> {
     /// Entries matching `filter`, in all, per destination and per reason. The index counts
     /// alone unless the filter has header or body conditions; then the candidates are read and
     /// checked, as for [`ParkingLot::list`].
-    pub async fn counts(
-        &self,
-        index: &SharedIndex,
-        filter: &Filter,
-        include_resolved: bool,
-    ) -> Result<lot_index::Counts, ParkingError> {
+    pub async fn counts(&self, index: &SharedIndex, filter: &Filter) -> Result<lot_index::Counts, ParkingError> {
         if !filter.needs_records() {
-            return Ok(index.read().counts(filter, include_resolved));
+            return Ok(index.read().counts(filter));
         }
-        let candidates = index.read().candidates(filter, include_resolved);
+        let candidates = index.read().candidates(filter);
         let mut tally = lot_index::Tally::default();
         self.fetch_each(&candidates, |offset, envelope| {
             if filter.matches(offset, &envelope) {
@@ -766,7 +755,9 @@ impl<'a> ParkingLot<'a> {
     /// [`OperatorLock`] from before the selection until the action is done, with `index` caught
     /// up to the stream's end after the lock was taken.
     pub async fn select(&self, index: &SharedIndex, filter: &Filter) -> Result<Selection, ParkingError> {
-        let candidates = index.read().candidates(filter, false);
+        let unresolved = filter.clone().with_entries(Entries::Unresolved);
+        let filter = &unresolved;
+        let candidates = index.read().candidates(filter);
         if !filter.needs_records() {
             let take = candidates.len().min(MAX_ACTION_BATCH);
             let entries = self.entries(index, &candidates[..take]).await?;

@@ -431,22 +431,21 @@ impl Side<'_> {
     }
 
     async fn list(&self, filter: &FilterArgs, offset: usize, limit: usize, all: bool) -> anyhow::Result<parking::Page> {
-        let built = filter.build(&[])?;
+        let built = filter.build(&[])?.with_entries(entries(all));
         Ok(match self {
             Side::Service { service, .. } => service.list(&filter.query(), offset, limit, all).await?,
             Side::Stream { lot, .. } => {
                 let index = lot.index_for(&built).await?;
-                lot.list(&index, &built, parking::PageRequest { offset, limit }, all)
-                    .await?
+                lot.list(&index, &built, parking::PageRequest { offset, limit }).await?
             }
         })
     }
 
     async fn counts(&self, filter: &FilterArgs, all: bool) -> anyhow::Result<ladder::model::lot::index::Counts> {
-        let built = filter.build(&[])?;
+        let built = filter.build(&[])?.with_entries(entries(all));
         Ok(match self {
             Side::Service { service, .. } => service.counts(&filter.query(), all).await?,
-            Side::Stream { lot, .. } => lot.counts(&lot.index_for(&built).await?, &built, all).await?,
+            Side::Stream { lot, .. } => lot.counts(&lot.index_for(&built).await?, &built).await?,
         })
     }
 
@@ -640,6 +639,15 @@ async fn confirm_discard(
     match ask_before_discarding(&shown, total - shown.len())? {
         Answer::Yes => Ok(Ok(Some(shown.iter().map(|e| e.offset).collect()))),
         answer => Ok(Err(answer)),
+    }
+}
+
+/// The entries `--all` asks for.
+fn entries(all: bool) -> ladder::model::lot::filter::Entries {
+    if all {
+        ladder::model::lot::filter::Entries::All
+    } else {
+        ladder::model::lot::filter::Entries::Unresolved
     }
 }
 

@@ -13,7 +13,7 @@ use crate::common::parking::{B_FIRST_FAILED_AT, Mix, ONE_TIER, body, ids, park_m
 use crate::common::*;
 use ladder::broker::lot::{self as parking, PageRequest, ReplayOptions, Status};
 use ladder::model::envelope::Envelope;
-use ladder::model::lot::filter::Filter;
+use ladder::model::lot::filter::{Entries, Filter};
 use ladder::model::lot::index::SharedIndex;
 use ladder::model::lot::record::{Action, ParkedEntry};
 use ladder_amqp::{BasicProperties, Confirmation, FieldTable, FieldValue};
@@ -45,7 +45,7 @@ fn count(envelopes: &[Envelope], f: impl Fn(&Envelope) -> bool) -> u64 {
 
 async fn total(t: &TestLadder, filter: Filter) -> u64 {
     let lot = t.lot();
-    lot.list(&fresh(&lot, &filter).await, &filter, page(0), false)
+    lot.list(&fresh(&lot, &filter).await, &filter, page(0))
         .await
         .unwrap()
         .total
@@ -80,12 +80,7 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
 
     // list: newest first, paged, counted
     let first = lot
-        .list(
-            &fresh(&lot, &Filter::default()).await,
-            &Filter::default(),
-            page(10),
-            false,
-        )
+        .list(&fresh(&lot, &Filter::default()).await, &Filter::default(), page(10))
         .await
         .unwrap();
     assert_eq!(first.total, TOTAL as u64);
@@ -104,7 +99,6 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
             &fresh(&lot, &Filter::default()).await,
             &Filter::default(),
             PageRequest { offset: 10, limit: 10 },
-            false,
         )
         .await
         .unwrap();
@@ -325,7 +319,11 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
     // resolved: hidden from a listing, shown with --all, never sent twice
     assert_eq!(total(&t, to_b.clone()).await, 0);
     let all = lot
-        .list(&fresh(&lot, &to_b).await, &to_b, page(100), true)
+        .list(
+            &fresh(&lot, &to_b).await,
+            &to_b.clone().with_entries(Entries::All),
+            page(100),
+        )
         .await
         .unwrap();
     assert_eq!(all.total, MIX.to_b as u64);
@@ -467,7 +465,11 @@ async fn the_parking_lot_lists_searches_replays_at_a_rate_and_discards() {
     assert!(outcomes.iter().all(|o| o.status == Status::Discarded));
     assert_eq!(total(&t, no_destination.clone()).await, 0);
     let discarded = lot
-        .list(&fresh(&lot, &no_destination).await, &no_destination, page(5), true)
+        .list(
+            &fresh(&lot, &no_destination).await,
+            &no_destination.clone().with_entries(Entries::All),
+            page(5),
+        )
         .await
         .unwrap();
     assert_eq!(discarded.total, MIX.no_destination as u64);
@@ -527,12 +529,7 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
     }
     let again = eventually("the replayed message is parked again", WAIT, async || {
         let page = lot
-            .list(
-                &fresh(&lot, &Filter::default()).await,
-                &Filter::default(),
-                page(10),
-                false,
-            )
+            .list(&fresh(&lot, &Filter::default()).await, &Filter::default(), page(10))
             .await
             .unwrap();
         page.entries.into_iter().next()
@@ -556,9 +553,8 @@ async fn a_replayed_message_that_fails_again_climbs_the_ladder_and_is_parked_wit
     let open = lot
         .list(
             &fresh(&lot, &Filter::default()).await,
-            &Filter::default(),
+            &Filter::default().with_entries(Entries::All),
             page(10),
-            true,
         )
         .await
         .unwrap();
@@ -719,9 +715,8 @@ async fn a_replay_killed_midway_loses_nothing_and_the_next_run_finishes_it() {
     let resolved = lot
         .list(
             &fresh(&lot, &Filter::default()).await,
-            &Filter::default(),
+            &Filter::default().with_entries(Entries::All),
             page(N),
-            true,
         )
         .await
         .unwrap();
@@ -830,13 +825,13 @@ async fn a_narrow_header_search_reads_matches_far_apart_and_misses_none() {
     };
     let index = fresh(&lot, &rare).await;
     assert_eq!(index.read().len(), N);
-    let candidates = index.read().candidates(&rare, false);
+    let candidates = index.read().candidates(&rare);
     assert!(
         candidates.len() < N / 10,
         "the digest leaves {} of {N} to read",
         candidates.len()
     );
-    let found = lot.list(&index, &rare, page(10), false).await.unwrap();
+    let found = lot.list(&index, &rare, page(10)).await.unwrap();
     assert_eq!(found.total, RARE.len() as u64);
     let ids: Vec<&str> = found
         .entries
@@ -844,7 +839,7 @@ async fn a_narrow_header_search_reads_matches_far_apart_and_misses_none() {
         .map(|e| e.envelope.message.properties["message_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["m-6990", "m-3500", "m-5"], "newest first");
-    let counts = lot.counts(&index, &rare, false).await.unwrap();
+    let counts = lot.counts(&index, &rare).await.unwrap();
     assert_eq!(counts.total, RARE.len() as u64);
     assert_eq!(counts.by_destination, vec![(a.clone(), RARE.len() as u64)]);
 
@@ -855,7 +850,7 @@ async fn a_narrow_header_search_reads_matches_far_apart_and_misses_none() {
         ..Filter::default()
     };
     assert_eq!(
-        lot.counts(&index, &common, false).await.unwrap().total,
+        lot.counts(&index, &common).await.unwrap().total,
         (N - RARE.len()) as u64
     );
 }

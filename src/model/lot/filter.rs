@@ -32,12 +32,31 @@ pub struct Filter {
     pub headers: Vec<(String, String)>,
     /// A substring of the original body; bodies that are not UTF-8 never match.
     pub body_contains: Option<String>,
+    /// Unresolved entries only (the default), or resolved ones too. A replay or a discard acts
+    /// on unresolved entries only, whatever this says.
+    pub entries: Entries,
+}
+
+/// Which entries a [`Filter`] looks at, by their resolution.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Entries {
+    /// Entries nobody replayed or discarded yet.
+    #[default]
+    Unresolved,
+    /// Every entry, resolved or not.
+    All,
 }
 
 impl Filter {
-    /// Whether no field narrows (everything matches).
+    /// Whether no field narrows (every unresolved entry matches): which entries it looks at is
+    /// no narrowing.
     pub fn is_empty(&self) -> bool {
-        *self == Filter::default()
+        *self == Filter::default().with_entries(self.entries)
+    }
+
+    /// This filter, looking at `entries`.
+    pub fn with_entries(self, entries: Entries) -> Self {
+        Filter { entries, ..self }
     }
 
     /// Whether a field narrows that the [`LotIndex`](super::index::LotIndex) does not hold exactly (headers, body,
@@ -186,6 +205,7 @@ impl FilterInput {
             headers: self.headers,
             // a body search matches what it is given, spaces and all
             body_contains: self.body_contains.filter(|b| !b.is_empty()),
+            entries: Entries::Unresolved,
         })
     }
 }

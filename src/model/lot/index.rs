@@ -753,7 +753,8 @@ impl LotIndex {
 
     /// A predicate over rows for the indexed part of `filter`; `None` if nothing can match (a
     /// destination or reason the index has never seen).
-    fn predicate<'a>(&'a self, filter: &'a Filter, include_resolved: bool) -> Option<impl Fn(&Row) -> bool + 'a> {
+    fn predicate<'a>(&'a self, filter: &'a Filter) -> Option<impl Fn(&Row) -> bool + 'a> {
+        let include_resolved = filter.entries == super::filter::Entries::All;
         let lookup = |interner: &Interner, want: &Option<String>| match want {
             None => Some(None),
             Some(name) => interner.lookup(name).map(Some),
@@ -782,8 +783,8 @@ impl LotIndex {
     /// Entries matching the indexed part of `filter` (all of it unless
     /// [`Filter::needs_records`]; for headers, rows that may match): the total, and the offsets
     /// of `limit` of them after skipping the `skip` newest.
-    pub fn page(&self, filter: &Filter, include_resolved: bool, skip: usize, limit: usize) -> OffsetPage {
-        let Some(matches) = self.predicate(filter, include_resolved) else {
+    pub fn page(&self, filter: &Filter, skip: usize, limit: usize) -> OffsetPage {
+        let Some(matches) = self.predicate(filter) else {
             return OffsetPage {
                 total: 0,
                 offsets: vec![],
@@ -802,8 +803,8 @@ impl LotIndex {
 
     /// Every offset matching the indexed part of `filter`, oldest first (candidates for a
     /// replay, a discard or a search the index cannot finish).
-    pub fn candidates(&self, filter: &Filter, include_resolved: bool) -> Vec<u64> {
-        match self.predicate(filter, include_resolved) {
+    pub fn candidates(&self, filter: &Filter) -> Vec<u64> {
+        match self.predicate(filter) {
             Some(matches) => self.rows.iter().filter(|r| matches(r)).map(|r| r.offset).collect(),
             None => vec![],
         }
@@ -811,8 +812,8 @@ impl LotIndex {
 
     /// Entries matching the indexed part of `filter` (all of it unless
     /// [`Filter::needs_records`]), counted in all, per destination and per reason.
-    pub fn counts(&self, filter: &Filter, include_resolved: bool) -> Counts {
-        let Some(matches) = self.predicate(filter, include_resolved) else {
+    pub fn counts(&self, filter: &Filter) -> Counts {
+        let Some(matches) = self.predicate(filter) else {
             return Counts::default();
         };
         let mut total = 0;
@@ -839,7 +840,7 @@ impl LotIndex {
 
     /// Unresolved entries in all, per destination and per reason, for an overview.
     pub fn unresolved_counts(&self) -> Counts {
-        self.counts(&Filter::default(), false)
+        self.counts(&Filter::default())
     }
 }
 
@@ -889,28 +890,36 @@ mod tests {
         let ix = index();
         let all = Filter::default();
         assert_eq!(
-            ix.page(&all, false, 0, 10),
+            ix.page(&all, 0, 10),
             OffsetPage {
                 total: 4,
                 offsets: vec![5, 4, 2, 0]
             }
         );
-        assert_eq!(ix.page(&all, true, 0, 10).offsets, vec![5, 4, 2, 1, 0]);
         assert_eq!(
-            ix.page(&all, false, 1, 2),
+            ix.page(
+                &all.clone().with_entries(crate::model::lot::filter::Entries::All),
+                0,
+                10
+            )
+            .offsets,
+            vec![5, 4, 2, 1, 0]
+        );
+        assert_eq!(
+            ix.page(&all, 1, 2),
             OffsetPage {
                 total: 4,
                 offsets: vec![4, 2]
             }
         );
-        assert_eq!(ix.page(&all, false, 10, 2).offsets, Vec::<u64>::new());
+        assert_eq!(ix.page(&all, 10, 2).offsets, Vec::<u64>::new());
         assert_eq!(ix.next_offset(), Some(6));
     }
 
     #[test]
     fn indexed_fields_filter() {
         let ix = index();
-        let count = |f: Filter| ix.page(&f, false, 0, 100).total;
+        let count = |f: Filter| ix.page(&f, 0, 100).total;
         let f = |edit: fn(&mut Filter)| {
             let mut f = Filter::default();
             edit(&mut f);
@@ -925,10 +934,7 @@ mod tests {
         assert_eq!(count(f(|f| f.since_ms = Some(3_000))), 3);
         assert_eq!(count(f(|f| f.until_ms = Some(3_000))), 2);
         assert_eq!(count(f(|f| f.offsets = Some(BTreeSet::from([0, 1, 5])))), 2);
-        assert_eq!(
-            ix.candidates(&f(|f| f.destination = Some("billing".into())), false),
-            vec![5]
-        );
+        assert_eq!(ix.candidates(&f(|f| f.destination = Some("billing".into()))), vec![5]);
     }
 
     #[test]
@@ -956,9 +962,9 @@ mod tests {
             unreachable!()
         };
         ix.resolve(&r);
-        assert_eq!(ix.page(&Filter::default(), false, 0, 10).offsets, vec![5, 4, 0]);
+        assert_eq!(ix.page(&Filter::default(), 0, 10).offsets, vec![5, 4, 0]);
         ix.apply(7, Indexed::Resolution(r));
-        assert_eq!(ix.page(&Filter::default(), false, 0, 10).total, 3);
+        assert_eq!(ix.page(&Filter::default(), 0, 10).total, 3);
     }
 
     #[test]
@@ -993,7 +999,7 @@ mod tests {
             destination: Some("billing".into()),
             ..Filter::default()
         };
-        let with_resolved = index().counts(&billing, true);
+        let with_resolved = index().counts(&billing.clone().with_entries(crate::model::lot::filter::Entries::All));
         assert_eq!(with_resolved.total, 2);
         assert_eq!(
             with_resolved.by_reason,
@@ -1003,7 +1009,10 @@ mod tests {
             reason: Some("never-seen".into()),
             ..Filter::default()
         };
-        assert_eq!(index().counts(&nowhere, true), Counts::default());
+        assert_eq!(
+            index().counts(&nowhere.clone().with_entries(crate::model::lot::filter::Entries::All)),
+            Counts::default()
+        );
         // the tally for checked records orders the same way
         let mut tally = Tally::default();
         for (d, r) in [(Some("b"), "x"), (None, "y"), (Some("a"), "x"), (Some("b"), "x")] {
@@ -1172,7 +1181,7 @@ mod tests {
             headers: vec![("tenant".into(), "t7".into())],
             ..Filter::default()
         };
-        let candidates = ix.candidates(&f, false);
+        let candidates = ix.candidates(&f);
         let exact: Vec<u64> = (0..10_000).filter(|i| i % 100 == 7).collect();
         assert!(
             exact.iter().all(|o| candidates.binary_search(o).is_ok()),
@@ -1184,7 +1193,7 @@ mod tests {
             headers: vec![("tenant".into(), "nobody".into())],
             ..Filter::default()
         };
-        assert!(ix.candidates(&none, false).len() < 100);
+        assert!(ix.candidates(&none).len() < 100);
     }
 
     #[test]
@@ -1200,14 +1209,14 @@ mod tests {
             destination: Some("queue-7".into()),
             ..Filter::default()
         };
-        let page = ix.page(&f, false, 0, 50);
+        let page = ix.page(&f, 0, 50);
         assert_eq!(page.total, 20_000);
         assert_eq!(page.offsets[0], 999_957);
         let by_id = Filter {
             message_id: Some("m123456".into()),
             ..Filter::default()
         };
-        assert_eq!(ix.page(&by_id, false, 0, 50).offsets, vec![123_456]);
+        assert_eq!(ix.page(&by_id, 0, 50).offsets, vec![123_456]);
     }
 
     mod properties {
