@@ -42,7 +42,7 @@ use crate::model::ladder::LadderSpec;
 use crate::model::lot::pace::{Pacer, Rate};
 use crate::model::names::{Hop, Names};
 use crate::model::plan;
-use crate::model::protocol::{self, Forward, ForwardKind};
+use crate::model::protocol::{self, Counted, Forward, ForwardKind};
 
 /// The format of the catch-up marker this module appends.
 const FOLLOW_MARKER_FORMAT: &str = "ladder.holds-marker/v1";
@@ -1152,7 +1152,7 @@ async fn release_one(
                     late_ms: 0,
                     due_at_ms: 0,
                     kind: ForwardKind::Deliver,
-                    failure: false,
+                    counted: Counted::Before,
                 };
                 let park = protocol::no_route(
                     Hop::Due,

@@ -44,7 +44,7 @@ use crate::model::holds::{AutoHoldPolicy, Breaker, SharedHolds};
 use crate::model::ladder::LadderSpec;
 use crate::model::ladder::Limits;
 use crate::model::protocol::{
-    self, Arrival, Decision, DeferReason, Forward, ForwardKind, HopContext, Park, ParkReason, long_string,
+    self, Arrival, Counted, Decision, DeferReason, Forward, ForwardKind, HopContext, Park, ParkReason, long_string,
 };
 use crate::telemetry::{HopTrace, Telemetry};
 
@@ -469,7 +469,7 @@ async fn settle(
         Ok(step) => step,
         Err(forward) => match gate.enter(&forward.destination).await {
             Some(permit) => Step::Deliver(forward, permit),
-            None => Step::Defer(DeferReason::Busy, forward.failure.then_some(forward)),
+            None => Step::Defer(DeferReason::Busy, (forward.counted == Counted::Here).then_some(forward)),
         },
     };
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
@@ -540,14 +540,11 @@ fn decide<'a>(
         ladder.failed_at(destination, props, now);
     }
     match decision {
-        Decision::Forward(forward) if matches!(forward.kind, ForwardKind::Deliver) => {
-            if forward.exchange.is_empty() && ladder.holds.holds_back(&forward.destination) {
-                Ok(Step::Hold(forward))
-            } else {
-                Err(forward)
-            }
-        }
-        Decision::Forward(forward) => Ok(Step::Schedule(forward)),
+        Decision::Forward(forward) => match forward.kind {
+            ForwardKind::Wait { .. } => Ok(Step::Schedule(forward)),
+            ForwardKind::Deliver if ladder.holds.holds_back(&forward.destination) => Ok(Step::Hold(forward)),
+            ForwardKind::Deliver | ForwardKind::DeliverToExchange => Err(forward),
+        },
         Decision::Park(park) => Ok(Step::Park(park)),
     }
 }
@@ -560,7 +557,7 @@ fn failed_destination<'d>(hop: Hop, decision: &'d Decision<'_>) -> Option<&'d st
     match decision {
         Decision::Forward(forward)
             if forward.attempt >= 2
-                && (forward.failure || hop == Hop::Intake && !matches!(forward.kind, ForwardKind::Deliver)) =>
+                && (forward.counted == Counted::Here || hop == Hop::Intake && forward.kind.tier().is_some()) =>
         {
             Some(&forward.destination)
         }
@@ -659,7 +656,10 @@ fn account<'a>(
             // end yet (or deleted by hand). Not parked: it waits in the shortest tier and is
             // decided again, by then on the stream's word
             debug!(ladder = %ladder.spec.name, destination = %forward.destination, "the held queue is gone; deferring");
-            Next::Publish(Step::Defer(DeferReason::Busy, forward.failure.then_some(forward)))
+            Next::Publish(Step::Defer(
+                DeferReason::Busy,
+                (forward.counted == Counted::Here).then_some(forward),
+            ))
         }
         (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
             metrics.returned.inc();
@@ -691,7 +691,10 @@ fn account<'a>(
             if let Some(trace) = trace {
                 trace.failed("destination-refused");
             }
-            Next::Publish(Step::Defer(DeferReason::Refused, forward.failure.then_some(forward)))
+            Next::Publish(Step::Defer(
+                DeferReason::Refused,
+                (forward.counted == Counted::Here).then_some(forward),
+            ))
         }
         (step, Confirmation::Nack | Confirmation::NotRequested | Confirmation::Returned(_)) => {
             // a tier or the parking lot refused it: the broker is in trouble, hold and retry
@@ -719,7 +722,7 @@ fn confirmed(
             let tier = forward.kind.tier().unwrap_or_default();
             // the arrival's time: the publish followed it within the decision's microseconds
             ladder.metrics.scheduled(tier, now);
-            if hop == Hop::Intake || forward.failure {
+            if hop == Hop::Intake || forward.counted == Counted::Here {
                 // a wait begins (the due hop's waits are the next legs of the same one)
                 ladder.breaker().scheduled(&forward.destination, forward.due_at_ms, now);
             }

@@ -92,7 +92,7 @@ pub fn no_route(
         // failure the broker routed past the intake was counted here, so its history is the
         // counted one, as the intake's park of the same return would have it
         history: match history_of(&forward.properties) {
-            counted if forward.failure && !counted.is_empty() => counted,
+            counted if forward.counted == Counted::Here && !counted.is_empty() => counted,
             _ => history_of(received),
         },
         replayed_from: replayed_from_of(received),

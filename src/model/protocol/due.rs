@@ -89,7 +89,7 @@ impl<'a> HopContext<'a> {
                 late_ms: 0,
                 due_at_ms: due,
                 kind,
-                failure: false,
+                counted: Counted::Before,
             }));
         }
         let late_ms = due_at.map_or(0, |due| now_ms.saturating_sub(due));
@@ -107,15 +107,19 @@ impl<'a> HopContext<'a> {
         attempts: Option<u64>,
         late_ms: u64,
     ) -> Decision<'a> {
-        let (exchange, routing_key) = match &target {
-            Target::Queue(queue) => (Cow::Borrowed(""), Cow::Owned(queue.clone())),
+        let (exchange, routing_key, kind) = match &target {
+            Target::Queue(queue) => (Cow::Borrowed(""), Cow::Owned(queue.clone()), ForwardKind::Deliver),
             Target::Exchange(exchange) => {
                 let key = h
                     .get(header::RETRY_ROUTING_KEY)
                     .and_then(as_text)
                     .unwrap_or_default()
                     .to_string();
-                (Cow::Owned(exchange.clone()), Cow::Owned(key))
+                (
+                    Cow::Owned(exchange.clone()),
+                    Cow::Owned(key),
+                    ForwardKind::DeliverToExchange,
+                )
             }
         };
         let (properties, carry) = if scheduled {
@@ -137,8 +141,8 @@ impl<'a> HopContext<'a> {
             attempt: attempts.unwrap_or(0),
             late_ms,
             due_at_ms: 0,
-            kind: ForwardKind::Deliver,
-            failure: false,
+            kind,
+            counted: Counted::Before,
         }))
     }
 
@@ -220,7 +224,7 @@ impl<'a> HopContext<'a> {
             Decision::Forward(forward) => forward,
             park @ Decision::Park(_) => return park,
         };
-        forward.failure = true;
+        forward.counted = Counted::Here;
         if forward.attempt == 0 {
             // a scheduled delivery (`x-delay`, `delay-until` added to a failure): the intake's
             // own first wait, to the due queue or a tier, which then delivers it as scheduled
@@ -294,7 +298,7 @@ impl<'a> HopContext<'a> {
             late_ms: 0,
             due_at_ms,
             kind,
-            failure: false,
+            counted: Counted::Before,
         }
     }
 

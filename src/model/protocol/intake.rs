@@ -198,7 +198,7 @@ impl<'a> HopContext<'a> {
             late_ms: 0,
             due_at_ms,
             kind,
-            failure: false,
+            counted: Counted::Before,
         }))
     }
 
@@ -279,7 +279,7 @@ impl<'a> HopContext<'a> {
             late_ms: 0,
             due_at_ms: due_at,
             kind,
-            failure: false,
+            counted: Counted::Before,
         }))
     }
 

@@ -318,10 +318,19 @@ pub struct Forward<'a> {
     pub due_at_ms: u64,
     /// Into a tier to wait, or out to its destination.
     pub kind: ForwardKind<'a>,
-    /// Due hop: a failure the broker routed past the intake by its `retry-next`, taken in here as the intake would have: it entered the
-    /// ladder at this hop, and a deferral starts from what this forward publishes, not from
-    /// what was received.
-    pub failure: bool,
+    /// Where its failure was counted: before this hop, or here.
+    pub counted: Counted,
+}
+
+/// Where the failure a [`Forward`] republishes was counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Before this hop, at the intake: what was received is what a deferral starts from.
+    Before,
+    /// Here, at the due hop: a failure the broker routed past the intake by its `retry-next`,
+    /// taken in as the intake would have. It entered the ladder at this hop, and a deferral
+    /// starts from what this forward publishes, not from what was received.
+    Here,
 }
 
 /// What a [`Forward`] carries over as received: every header but the broker's
@@ -398,8 +407,10 @@ pub enum ForwardKind<'a> {
         /// The tier's name, the `tier` label of the metrics.
         tier: &'a str,
     },
-    /// Out to the destination queue or exchange.
+    /// Out to the destination queue (or, when it is held, to its held queue).
     Deliver,
+    /// Out to an exchange, the target of a scheduled delivery: never held.
+    DeliverToExchange,
 }
 
 impl<'a> ForwardKind<'a> {
@@ -407,7 +418,7 @@ impl<'a> ForwardKind<'a> {
     pub fn tier(self) -> Option<&'a str> {
         match self {
             ForwardKind::Wait { tier } => Some(tier),
-            ForwardKind::Deliver => None,
+            ForwardKind::Deliver | ForwardKind::DeliverToExchange => None,
         }
     }
 }

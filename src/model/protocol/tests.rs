@@ -467,7 +467,7 @@ fn a_scheduled_delivery_to_an_exchange_keeps_its_routing_key_and_needs_allowing(
     let out = forward(f.ctx().due(&out.properties, NOW + 100));
     assert_eq!(
         (out.kind, &*out.exchange, &*out.routing_key),
-        (ForwardKind::Deliver, "events", "order.created")
+        (ForwardKind::DeliverToExchange, "events", "order.created")
     );
     assert_eq!(header(&out.properties, "retry-routing-key"), None);
     for reserved in ["", "amq.topic", "ns.default.tiers"] {
@@ -1216,7 +1216,7 @@ fn a_repeat_failure_routed_past_the_intake_is_taken_in_at_the_due_hop() {
         Some((500, 1))
     );
     let out = forward(f.ctx().due(&back, NOW + 710 + 2));
-    assert!(out.failure, "taken in here");
+    assert_eq!(out.counted, Counted::Here, "taken in here");
     assert_eq!(
         (out.kind, &*out.exchange, &*out.routing_key),
         (ForwardKind::Deliver, "", "orders")
@@ -1309,7 +1309,7 @@ fn a_forged_route_gets_every_check_a_first_failure_gets() {
         NOW,
     ));
     assert_eq!((short.kind.tier(), short.due_at_ms), (Some("level-256ms"), NOW + 300));
-    assert!(short.failure);
+    assert_eq!(short.counted, Counted::Here);
     assert!(
         header(&short.full_properties(&forged(&[])), "retry-next").is_none(),
         "a wait the service schedules never carries retry-next"
@@ -1475,7 +1475,7 @@ fn a_first_failure_that_waited_its_first_step_past_the_intake_is_taken_in_and_de
         (200, 0, Some("ns.default.wait.200ms"), "200ms")
     );
     let out = forward(f.ctx().due_at(&input, &arrival).materialized(&input));
-    assert!(out.failure, "taken in here, as the intake would have");
+    assert_eq!(out.counted, Counted::Here, "taken in here, as the intake would have");
     assert_eq!(
         (out.kind, &*out.exchange, &*out.routing_key, out.attempt),
         (ForwardKind::Deliver, "", "orders", 1)
