@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::model::drift::{
     Kind, Known, Observed, PruneStep, Registry, Retired, TOPOLOGY_FORMAT, TOPOLOGY_MARKER_FORMAT, TopologyRecord,
 };
+use crate::model::names::Namespace;
 
 /// How long reading the topology stream up to its marker may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,7 +28,7 @@ pub type DriftError = CancelError;
 /// The fold of the namespace's topology stream, read up to a marker appended first; empty when
 /// the stream does not exist (nothing recorded yet, or a release before it).
 pub async fn read(connection: &Connection, namespace: &str) -> Result<Registry, DriftError> {
-    let stream = Names::topology(namespace);
+    let stream = Namespace::new(namespace).topology;
     if !queue_exists(connection, &stream).await? {
         return Ok(Registry::default());
     }
@@ -110,7 +111,7 @@ pub async fn record(
     if let Some(record) = registry.declaring(&planned, crate::model::upgrade::LAYOUT, crate::clock::now_ms(), &by) {
         append(
             connection,
-            &Names::topology(&config.namespace),
+            &Namespace::new(&config.namespace).topology,
             TOPOLOGY_FORMAT,
             &record.to_vec(),
         )
@@ -136,7 +137,7 @@ async fn record_pruned(
     };
     append(
         connection,
-        &Names::topology(namespace),
+        &Namespace::new(namespace).topology,
         TOPOLOGY_FORMAT,
         &record.to_vec(),
     )

@@ -15,8 +15,9 @@ use crate::broker::connect::{BlockedWatch, CLOSE_TIMEOUT, close, connect_from};
 use crate::broker::declare::{MIGRATED_READ, declare, look_at_drift};
 use crate::broker::relay::{self, Drained, Hop, LadderRuntime, RelayError};
 use crate::broker::state::{DISCONNECTED, State};
-use crate::broker::topology::{Names, TopologyError};
+use crate::broker::topology::TopologyError;
 use crate::config::Config;
+use crate::model::names::Namespace;
 
 /// Why a session ended before shutdown.
 pub(crate) enum SessionError {
@@ -315,7 +316,7 @@ impl Session<'_> {
         // what a shared tier dead-lettered for no ladder served here: the first ladder's due hop
         // checks it as its own (and parks what has no destination or is not allowed)
         if let Some(first) = ladders.first() {
-            subscriptions.push(self.start_relay(Hop::Due, Some(first.names.stray.clone()), first, shutdown));
+            subscriptions.push(self.start_relay(Hop::Due, Some(first.names.namespace.stray.clone()), first, shutdown));
         }
         subscriptions
     }
@@ -402,7 +403,7 @@ impl Session<'_> {
         );
         let (stall_timeout, shutdown) = (self.config.amqp.stall_timeout, shutdown.clone());
         // the namespace's, whatever its ladders; none to watch without a ladder
-        let heartbeat = (!ladders.is_empty()).then(|| Names::new(&self.config.namespace, "").watchdog);
+        let heartbeat = (!ladders.is_empty()).then(|| Namespace::new(&self.config.namespace).watchdog);
         self.tasks.spawn(
             async move {
                 let watched = crate::broker::watchdog::watch(

@@ -2,14 +2,14 @@
 //! prune` may remove of it.
 //!
 //! RabbitMQ cannot list a vhost's queues over AMQP, so a namespace remembers what it declared in
-//! its topology stream `N.topology` (see [`Names::topology`]): every `ladder run` and `ladder
+//! its topology stream `N.topology` (see [`Namespace`]): every `ladder run` and `ladder
 //! apply` appends a `declared` record holding everything the namespace knows of (what the
 //! stream said, with its own plan added) when its plan adds something, and `ladder prune`
 //! appends a `pruned` record naming what it deleted. The fold of the stream is a [`Registry`];
 //! what it knows and the plan does not name is *retired*. A record holds the whole known set, so
 //! a retention that cut the stream's oldest records loses nothing the newest one knows.
 //!
-//! [`Names::topology`]: crate::model::names::Names::topology
+//! [`Namespace`]: crate::model::names::Namespace
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -5,23 +5,46 @@ use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
 
-/// The names of one ladder's exchanges and queues, for namespace `N` and ladder `L`.
+/// The names a namespace `N` owns, whatever its ladders.
 #[derive(Debug, Clone)]
-pub struct Names {
-    /// `N.` — every name of the namespace starts with this.
+pub struct Namespace {
+    /// `N.`: every name of the namespace starts with this.
     pub prefix: String,
     /// `N.due`: the headers exchange every shared tier queue dead-letters into; it routes a
     /// message by its `retry-ladder` to that ladder's `N.L.due` queue, and the rest to
-    /// `N.stray`. Shared by every ladder of the namespace.
-    pub shared_due: String,
+    /// `N.stray`.
+    pub due: String,
     /// `N.stray`: the fanout exchange and the quorum queue of what a shared tier dead-lettered
     /// for no ladder the namespace serves (a retired ladder, or a message put straight into a
-    /// tier): a quarantine, kept for the operator.
+    /// tier).
     pub stray: String,
     /// `N.watchdog`: the quorum queue (holding at most one message, consumed by nobody) the
     /// session's watchdog publishes a heartbeat into while the hops are quiet: a node that cannot
     /// reach a quorum confirms none, though it still answers reads from its own stale state.
     pub watchdog: String,
+    /// `N.topology`: the stream of everything the namespace's ladders declared
+    /// (`model::drift`).
+    pub topology: String,
+}
+
+impl Namespace {
+    /// The names of namespace `namespace`.
+    pub fn new(namespace: &str) -> Self {
+        Namespace {
+            prefix: format!("{namespace}."),
+            due: format!("{namespace}.due"),
+            stray: format!("{namespace}.stray"),
+            watchdog: format!("{namespace}.watchdog"),
+            topology: format!("{namespace}.topology"),
+        }
+    }
+}
+
+/// The names of one ladder's exchanges and queues, for namespace `N` and ladder `L`.
+#[derive(Debug, Clone)]
+pub struct Names {
+    /// The namespace's own names.
+    pub namespace: Namespace,
     /// What this ladder's tier queues' names end in: empty for quorum tiers that dead-letter
     /// at-least-once (the default), `.at-most-once` or `.classic` otherwise; ladders share a
     /// tier queue only when its arguments are the same.
@@ -57,10 +80,7 @@ impl Names {
     pub fn new(namespace: &str, ladder: &str) -> Self {
         let base = format!("{namespace}.{ladder}");
         Names {
-            prefix: format!("{namespace}."),
-            shared_due: format!("{namespace}.due"),
-            stray: format!("{namespace}.stray"),
-            watchdog: format!("{namespace}.watchdog"),
+            namespace: Namespace::new(namespace),
             tier_family: "",
             intake_queue: format!("{base}.intake"),
             probes: format!("{base}.probes"),
@@ -103,12 +123,6 @@ impl Names {
         format!("{}.held.{}~{hash:016x}", self.exchange, &destination[..keep])
     }
 
-    /// `N.topology`: the namespace's topology stream, the record of everything its ladders
-    /// declared (`model::drift`).
-    pub fn topology(namespace: &str) -> String {
-        format!("{namespace}.topology")
-    }
-
     /// `N.delay.<tier>` (with the ladder's [`tier_family`](Names::tier_family)): the queue
     /// where messages wait `tier`, shared by every ladder of the namespace with the same queue
     /// type and dead-letter strategy.
@@ -118,7 +132,7 @@ impl Names {
 
     /// `N.delay.<name>`, for a tier known by its name only.
     pub fn tier_queue_named(&self, name: &str) -> String {
-        format!("{}delay.{name}{}", self.prefix, self.tier_family)
+        format!("{}delay.{name}{}", self.namespace.prefix, self.tier_family)
     }
 
     /// `N.L.delay.<name>`: where a tier of this ladder waited before tiers were shared (each
@@ -136,7 +150,7 @@ impl Names {
             ("due".to_string(), self.due.clone()),
             ("parked".to_string(), self.parked.clone()),
             ("quarantine".to_string(), self.quarantine.clone()),
-            ("stray".to_string(), self.stray.clone()),
+            ("stray".to_string(), self.namespace.stray.clone()),
         ];
         queues.extend(
             spec.tiers
@@ -240,7 +254,10 @@ mod tests {
         assert_eq!(n.tier_queue(&long), "ns.delay.1h30m");
         assert_eq!(n.tier_queue_named("1h30m"), "ns.delay.1h30m");
         assert_eq!(n.own_tier_queue_named("1h30m"), "ns.orders.delay.1h30m");
-        assert_eq!((n.shared_due.as_str(), n.stray.as_str()), ("ns.due", "ns.stray"));
+        assert_eq!(
+            (n.namespace.due.as_str(), n.namespace.stray.as_str()),
+            ("ns.due", "ns.stray")
+        );
         let amo = Names::of("ns", &spec(QueueType::Quorum, DeadLetterStrategy::AtMostOnce));
         assert_eq!(amo.tier_queue(&long), "ns.delay.1h30m.at-most-once");
         let classic = Names::of("ns", &spec(QueueType::Classic, DeadLetterStrategy::AtMostOnce));

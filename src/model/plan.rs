@@ -8,7 +8,7 @@
 use std::fmt;
 
 use crate::model::ladder::{DeadLetterStrategy, LadderSpec, QueueType, Tier};
-use crate::model::names::Names;
+use crate::model::names::{Names, Namespace};
 use crate::model::protocol::header::{NEXT_PROBE, RETRY_LADDER, RETRY_NEXT};
 
 /// One thing to declare on the broker.
@@ -183,21 +183,21 @@ pub fn plan(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> 
 /// and [`Names::tier_family`], however many ladders use it), `N.due` that routes what expires
 /// in them to its own ladder, and `N.stray` for what belongs to none.
 pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersion) -> Vec<Declaration> {
-    let names = Names::new(namespace, "");
+    let shared = Namespace::new(namespace);
     let mut stray_args = vec![("x-queue-type", ArgValue::Str("quorum".into()))];
     if version.quorum_delivery_limit_by_default() {
         stray_args.push(("x-delivery-limit", ArgValue::Int(-1)));
     }
     let mut out = vec![
         topology_stream(namespace),
-        exchange(&names.stray, "fanout", None),
+        exchange(&shared.stray, "fanout", None),
         Declaration::Queue {
-            name: names.stray.clone(),
+            name: shared.stray.clone(),
             args: stray_args,
             older: None,
         },
-        bind(&names.stray, &names.stray, "", false),
-        exchange(&names.shared_due, "headers", Some(&names.stray)),
+        bind(&shared.stray, &shared.stray, "", false),
+        exchange(&shared.due, "headers", Some(&shared.stray)),
         watchdog_queue(namespace),
     ];
     for spec in ladders {
@@ -216,13 +216,13 @@ pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersi
     out
 }
 
-/// `N.watchdog`, where the session's watchdog publishes its probe (`broker::watchdog`): a
+/// `N.watchdog`, where the session's watchdog publishes its heartbeat (`broker::watchdog`): a
 /// quorum queue on every broker, whatever the ladders' queue type, as only a replicated write
 /// tells a node that can reach its cluster from one that cannot; it keeps at most one message
-/// (each probe drops the one before), and nobody consumes it.
+/// (each heartbeat drops the one before), and nobody consumes it.
 pub fn watchdog_queue(namespace: &str) -> Declaration {
     Declaration::Queue {
-        name: Names::new(namespace, "").watchdog,
+        name: Namespace::new(namespace).watchdog,
         args: vec![
             ("x-queue-type", ArgValue::Str("quorum".into())),
             ("x-max-length", ArgValue::Int(1)),
@@ -235,7 +235,7 @@ pub fn watchdog_queue(namespace: &str) -> Declaration {
 /// size, each record holding everything known, so the newest alone is enough.
 pub fn topology_stream(namespace: &str) -> Declaration {
     Declaration::Queue {
-        name: Names::topology(namespace),
+        name: Namespace::new(namespace).topology,
         args: vec![
             ("x-queue-type", ArgValue::Str("stream".into())),
             ("x-max-length-bytes", ArgValue::Int(TOPOLOGY_MAX_BYTES)),
@@ -285,7 +285,7 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
         netted_queue(&names.due, names, spec, Some(vec![queue_type(spec)])),
         // what expires in a shared tier comes due here when it is this ladder's
         Declaration::Binding {
-            exchange: names.shared_due.clone(),
+            exchange: names.namespace.due.clone(),
             queue: names.due.clone(),
             key: String::new(),
             args: vec![
@@ -460,7 +460,7 @@ fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str
     let mut args = vec![
         ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into())),
         ("x-message-ttl", ArgValue::Int(tier.ttl_ms() as i64)),
-        ("x-dead-letter-exchange", ArgValue::Str(names.shared_due.clone())),
+        ("x-dead-letter-exchange", ArgValue::Str(names.namespace.due.clone())),
     ];
     match (spec.queue_type, spec.dead_letter_strategy) {
         (QueueType::Quorum, DeadLetterStrategy::AtLeastOnce) => {

@@ -60,7 +60,7 @@ impl Crash {
     }
 
     fn ns(&self) -> &str {
-        self.names.prefix.trim_end_matches('.')
+        self.names.namespace.prefix.trim_end_matches('.')
     }
 
     fn log_path(&self, run: usize) -> PathBuf {

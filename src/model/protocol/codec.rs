@@ -28,7 +28,7 @@ pub fn undecodable(error: &ladder_amqp::types::DecodeError, shallow: Option<Deci
 /// lies in the ladder's namespace or the broker's (`amq.`), or matches none of its `allow`
 /// regexes. The one rule for the due hop and for replays from the parking lot.
 pub fn refuse_destination(spec: &LadderSpec, names: &Names, queue: &str) -> Option<String> {
-    if queue.starts_with(&names.prefix) || queue.starts_with("amq.") {
+    if queue.starts_with(&names.namespace.prefix) || queue.starts_with("amq.") {
         return Some(format!("{queue:?} belongs to the ladder's namespace or the broker"));
     }
     (!spec.allows(queue)).then(|| format!("{queue:?} is not in the allow-list of ladder {}", spec.name))

@@ -334,7 +334,7 @@ impl<'a> HopContext<'a> {
             _ => deaths
                 .iter()
                 .filter_map(|d| field(d, "queue"))
-                .find(|q| !q.is_empty() && !q.starts_with(&self.names.prefix)),
+                .find(|q| !q.is_empty() && !q.starts_with(&self.names.namespace.prefix)),
         };
         Park::carrying(ParkReason::DeadLettered, detail, h)
             .to(destination)

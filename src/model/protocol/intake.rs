@@ -290,9 +290,9 @@ impl<'a> HopContext<'a> {
             Target::Exchange(exchange) if exchange.is_empty() || exchange.starts_with("amq.") => Some(format!(
                 "exchange {exchange:?} is the broker's; name a queue with retry-to instead"
             )),
-            Target::Exchange(exchange) if exchange.starts_with(&self.names.prefix) => Some(format!(
+            Target::Exchange(exchange) if exchange.starts_with(&self.names.namespace.prefix) => Some(format!(
                 "exchange {exchange:?} lies in Ladder's namespace {:?}",
-                self.names.prefix
+                self.names.namespace.prefix
             )),
             Target::Exchange(exchange) if !self.spec.allow_exchanges.is_match(exchange) => Some(format!(
                 "exchange {exchange:?} is not in ladder {}'s allow_exchanges",
