@@ -595,14 +595,13 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 /// is the margin. With the defaults a silent cut is noticed within 3 s.
 const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// No progress for this long with work waiting is a stall (issue 39: fail over within 5 s).
+/// No progress for this long with work waiting is a stall: short enough to fail over to
+/// another node within seconds.
 const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// By default one destination may hold all but this share of the due hop's prefetch (a
 /// quarter): a stalled destination leaves that quarter to the others, and a healthy one that is
-/// merely busy is not throttled. With a quarter as its bound instead, a single destination at
-/// 4 000 retries/s had a tenth of its retries deferred (each a second late, and published twice
-/// more) and the service reached half the minimal relay's capacity (BENCHMARKS.md).
+/// merely busy is not throttled into deferrals.
 const DEFAULT_RESERVED_SHARE: u32 = 4;
 
 /// The namespace when the config names none.

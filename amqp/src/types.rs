@@ -853,9 +853,8 @@ pub fn put_table(out: &mut BytesMut, table: &FieldTable) {
     put_entries(out, table.iter());
 }
 
-/// Writes the table `carried` makes. Room is made for its own entries only: the carried ones
-/// (a relay's) are not measured first, as walking them twice cost more than the buffer's rare
-/// growth.
+/// Writes the table `carried` makes. Room is made for its own entries only: walking the
+/// carried ones twice would cost more than the buffer's rare growth.
 pub(crate) fn put_carried(out: &mut BytesMut, carried: &Carried<'_>) {
     out.reserve(carried.then.map_or(4, FieldTable::encoded_len));
     put_entries(out, carried.entries());

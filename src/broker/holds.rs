@@ -58,9 +58,8 @@ const RELEASER_TICK: Duration = Duration::from_millis(200);
 /// it also compares every this often, as a net (an idle ladder wakes for nothing else).
 const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 
-/// Released messages a drain keeps in flight at once (published, their confirm awaited): one
-/// at a time, a release ran at one confirm round trip per message (about 200/s measured on
-/// 4.3.6, whatever `release_rate` said); the window lets the pacer's rate be the rate. Also the
+/// Released messages a drain keeps in flight at once (published, their confirm awaited), so
+/// that the pacer's rate, not one confirm round trip per message, sets the pace. Also the
 /// drain's prefetch, so it bounds what a drain holds unacked.
 const RELEASE_WINDOW: u16 = 64;
 

@@ -100,10 +100,8 @@ pub const MAX_PAGE_WINDOW: usize = 10_000;
 pub const MAX_ACTION_BATCH: usize = 10_000;
 
 /// Fetching entries by offset: offsets at most this far apart are read in one pass over the
-/// stream rather than with a consumer each. Starting a consumer (a channel, a subscription, and
-/// the broker reading from the start of the offset's chunk) cost 20–30 ms here, about as long
-/// as streaming 1 000–2 000 records (`ladder-bench parking`, BENCHMARKS.md), so reading up to
-/// this many records in between is cheaper than starting again.
+/// stream rather than with a consumer each, as starting a consumer costs about as much as
+/// streaming a couple of thousand records.
 pub const FETCH_RUN_GAP: u64 = 2048;
 
 /// What can go wrong reading or changing the parking lot.

@@ -349,14 +349,11 @@ async fn subscribe(
     channel.basic_qos(ladder.limits.prefetch).await?;
     channel.confirm_select().await?;
     if hop == Hop::Due {
-        // The due hop neither reads nor republishes the broker's dead-letter annotations (every
-        // hop strips them, `protocol::is_stripped`): stepped over undecoded, as decoding,
-        // copying and freeing `x-death` was a tenth of the work per retry. The intake and the
-        // quarantine read them (dead-letter mode, why a message was dead-lettered), and so does
-        // the due hop of a ladder that lists senders: the sender rule on a failure the broker
-        // routed past the intake asks whether it was dead-lettered (`Mode`).
-        // A first failure that comes due from an older ladder's first wait (routing key
-        // `wait.<step>`, `model::upgrade`) keeps them: its destination is read from `x-death`.
+        // The due hop neither reads nor republishes the broker's dead-letter annotations, so it
+        // steps over them undecoded: they are a large part of what a due message carries. A
+        // ladder that lists senders reads them (the sender rule asks whether a failure was
+        // dead-lettered), and so does an older ladder's first wait (`wait.<step>`,
+        // `model::upgrade`), whose destination is in `x-death`.
         if ladder.spec.senders.is_none() {
             channel.skip_header_keys_unless_routed(ladder_amqp::DEAD_LETTER_HEADERS, "wait.");
         }
@@ -372,13 +369,9 @@ async fn subscribe(
 /// it as `internal-error` rather than ending the session, which would redeliver it — and panic —
 /// again.
 ///
-/// An async block, not an async fn: an async fn keeps its arguments twice in its state (as
-/// passed, and as its locals). The delivery (384 bytes) comes boxed: the future is allocated
-/// for every delivery (in the loop's `FuturesUnordered`, 728 bytes with the box, 1 432 with the
-/// delivery inline), and glibc's malloc serves blocks up to 1 032 bytes from its per-thread
-/// cache, larger ones from its shared bins — callgrind counted 2 % fewer instructions per retry
-/// and 7 % fewer instruction-cache and 10 % fewer data-cache misses with the box (BENCHMARKS.md,
-/// seventh pass).
+/// An async block, not an async fn, which would keep its arguments twice in its state. The
+/// delivery comes boxed, so that the future allocated for every delivery stays small enough
+/// for the allocator's per-thread cache.
 #[allow(clippy::manual_async_fn, reason = "an async fn would keep its arguments twice")]
 fn handle<'a>(
     hop: Hop,

@@ -26,9 +26,8 @@ pub const STOP_COMMAND: &str = "scripts/broker down dev";
 /// The broker script, relative to the config's directory.
 const SCRIPT: &str = "scripts/broker";
 
-/// How long `scripts/broker up dev` may take. A node boots in about 10 s; on a fresh machine the
-/// script first builds its Debian root (26 s on a fast mirror, 61 s under load, measured), and a
-/// slow mirror takes minutes.
+/// How long `scripts/broker up dev` may take: on a fresh machine the script first builds its
+/// Debian root, which a slow mirror makes take minutes.
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How often the script is looked at while it runs.
