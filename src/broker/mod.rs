@@ -10,6 +10,7 @@ pub mod lot;
 pub mod relay;
 pub mod session;
 pub mod state;
+pub mod stray;
 pub mod supervisor;
 pub mod topology;
 pub mod watchdog;

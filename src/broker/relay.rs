@@ -240,9 +240,8 @@ pub async fn serve(
     serve_on(hop, None, ladder, connection, shutdown, grace, subscribed).await
 }
 
-/// [`serve`], consuming `queue` instead of the hop's own queue when given: the first ladder's
-/// due hop also takes what a shared tier dead-lettered for no ladder the namespace serves
-/// (`N.stray`), with that ladder's checks — no header, and no ladder name, skips a check.
+/// [`serve`], consuming `queue` instead of the hop's own queue when given (the intake hop also
+/// takes failed probes from `N.L.probes`).
 pub async fn serve_on(
     hop: Hop,
     queue: Option<&str>,

@@ -41,14 +41,16 @@ enum Ended {
     Relay(Result<Drained, RelayError>),
     /// A stream follower or the watchdog: it ends only when told to, or failing.
     Follower(Result<(), String>),
-    /// A releaser, or the drain of a retired due queue: it logs its own failures.
-    Helper,
+    /// A releaser, the strays' mover or the drain of a retired due queue: it ends at shutdown
+    /// (or, a drain, when its queue is empty); a failure ends the session.
+    Helper(Result<(), String>),
 }
 
 /// Why a task's end ends the session; `None` for a task that may end.
 fn failure(joined: Result<Ended, JoinError>) -> Option<String> {
     match joined {
-        Ok(Ended::Relay(Ok(_)) | Ended::Helper) => None,
+        Ok(Ended::Relay(Ok(_)) | Ended::Helper(Ok(()))) => None,
+        Ok(Ended::Helper(Err(e))) => Some(e),
         Ok(Ended::Relay(Err(e))) => Some(e.to_string()),
         Ok(Ended::Follower(Ok(()))) => Some("a stream follower stopped".to_string()),
         Ok(Ended::Follower(Err(e))) => Some(e),
@@ -127,7 +129,7 @@ impl Session<'_> {
         debug!(took = ?started.elapsed(), "cancellation and hold streams read");
         self.start_releasers();
         let subscriptions = self.start_relays(shutdown);
-        self.start_drainers(shutdown);
+        self.start_strays(shutdown);
         self.serve_until_drained(subscriptions, shutdown).await.map(Some)
     }
 
@@ -262,7 +264,7 @@ impl Session<'_> {
             self.tasks.spawn(
                 async move {
                     crate::broker::holds::run_releaser(connection, ladder, stop).await;
-                    Ended::Helper
+                    Ended::Helper(Ok(()))
                 }
                 .instrument(span),
             );
@@ -301,7 +303,7 @@ impl Session<'_> {
         is_subscribed
     }
 
-    /// Every ladder's hops, each ladder's probes queue, and `N.stray`.
+    /// Every ladder's hops and each ladder's probes queue.
     fn start_relays(&mut self, shutdown: &CancellationToken) -> Vec<oneshot::Receiver<()>> {
         let mut subscriptions = Vec::new();
         let ladders = self.ladders;
@@ -313,33 +315,32 @@ impl Session<'_> {
             // no backlog of the intake delays what the hold waits to hear
             subscriptions.push(self.start_relay(Hop::Intake, Some(ladder.names.probes.clone()), ladder, shutdown));
         }
-        // what a shared tier dead-lettered for no ladder served here: the first ladder's due hop
-        // checks it as its own (and parks what has no destination or is not allowed)
-        if let Some(first) = ladders.first() {
-            subscriptions.push(self.start_relay(Hop::Due, Some(first.names.namespace.stray.clone()), first, shutdown));
-        }
         subscriptions
     }
 
-    /// The due queues of ladders no ladder file names any more: what waited in their tiers
-    /// still comes due there (`N.due` routes it by its `retry-ladder`), and is drained by the
-    /// first ladder's due hop as `N.stray` is, until each is empty (then `ladder prune` may
-    /// remove it).
-    fn start_drainers(&mut self, shutdown: &CancellationToken) {
-        let Some(first) = self.ladders.first() else { return };
+    /// The namespace's strays ([`crate::broker::stray`]): `N.stray`, and the due queues of
+    /// ladders no ladder file names any more, where what waited in their tiers still comes due
+    /// (each until it is empty; then `ladder prune` may remove it).
+    fn start_strays(&mut self, shutdown: &CancellationToken) {
+        if self.ladders.is_empty() {
+            return;
+        }
+        let (ladders, connection, stop) = (self.ladders.to_vec(), self.connection.clone(), shutdown.clone());
+        let stray = Namespace::new(&self.config.namespace).stray;
+        self.tasks.spawn(
+            async move {
+                let moved = crate::broker::stray::serve(&stray, &ladders, &connection, stop).await;
+                Ended::Helper(moved.map_err(|e| format!("the strays of {stray}: {e}")))
+            }
+            .instrument(info_span!("strays")),
+        );
         for queue in retired_due_queues(self.state) {
             let span = info_span!("retired", queue = %queue);
-            let drain = drain_retired(
-                queue,
-                first.clone(),
-                self.connection.clone(),
-                shutdown.clone(),
-                self.config.shutdown_grace,
-            );
+            let drain = drain_retired(queue, self.ladders.to_vec(), self.connection.clone(), shutdown.clone());
             self.tasks.spawn(
                 async move {
                     drain.await;
-                    Ended::Helper
+                    Ended::Helper(Ok(()))
                 }
                 .instrument(span),
             );
@@ -444,16 +445,15 @@ fn retired_due_queues(state: &State) -> Vec<String> {
     .unwrap_or_default()
 }
 
-/// Drains the due queue of a retired ladder through `ladder`'s due hop (its checks, as for
-/// `N.stray`) whenever it holds messages, and lets go of it once it is empty, so that a
-/// consumer does not keep `ladder prune` from deleting it. Ends when the queue is gone or at
-/// shutdown; a failure of its own is logged, never the session's.
+/// Moves what comes due in the due queue of a retired ladder to the ladders served here, as
+/// strays are ([`crate::broker::stray`]), whenever it holds messages, and lets go of it once it
+/// is empty, so that a consumer does not keep `ladder prune` from deleting it. Ends when the
+/// queue is gone or at shutdown; a failure of its own is logged, never the session's.
 async fn drain_retired(
     queue: String,
-    ladder: Arc<LadderRuntime>,
+    ladders: Vec<Arc<LadderRuntime>>,
     connection: Connection,
     shutdown: CancellationToken,
-    grace: Duration,
 ) {
     let depth = async |queue: &str| -> Option<u32> {
         let channel = tokio::time::timeout(CLOSE_TIMEOUT, connection.create_channel())
@@ -474,15 +474,7 @@ async fn drain_retired(
             Some(waiting) => {
                 info!(queue, waiting, "draining the due queue of a retired ladder");
                 let stop = shutdown.child_token();
-                let serve = crate::broker::relay::serve_on(
-                    Hop::Due,
-                    Some(&queue),
-                    ladder.clone(),
-                    &connection,
-                    stop.clone(),
-                    grace,
-                    None,
-                );
+                let serve = crate::broker::stray::serve(&queue, &ladders, &connection, stop.clone());
                 let watch = async {
                     // two looks in a row that find it empty: let go
                     let mut empty = 0;

@@ -298,8 +298,8 @@ fn note(k: &Known, o: &Observed, ladder_retired: bool) -> String {
         ),
         (Kind::Queue, false) => "empty; ladder prune removes it".into(),
         (Kind::Queue, true) if o.messages > 0 && k.role == "due" => format!(
-            "{} message(s) came due for retired ladder {ladder}: the due hop of the namespace's first ladder \
-             drains them with its own checks, as N.stray; ladder prune removes it once empty",
+            "{} message(s) came due for retired ladder {ladder}: moved to the ladders served, as N.stray is, \
+             each to the one that admits it; ladder prune removes it once empty",
             o.messages
         ),
         (Kind::Queue, true) if o.messages > 0 => format!(

@@ -585,8 +585,8 @@ async fn sighup_reloads_the_ladders_without_losing_or_doubling() {
 /// Where they wait is what the code does today: they come due through `N.due` into the removed
 /// ladder's own due queue `N.u.due` (its binding there stays until the queue is pruned), which
 /// no replica serves; `ladder check` counts them there and says to put the file back, and once
-/// it is back (another SIGHUP) each is delivered once. They do not reach `N.stray` and the
-/// first ladder's due hop while `N.u.due` exists.
+/// it is back (another SIGHUP) each is delivered once. They do not reach `N.stray`, nor are they
+/// moved to the ladders served, while `N.u.due` exists.
 #[tokio::test]
 async fn sighup_that_removes_a_ladder_retires_it_and_loses_none_of_its_retries() {
     let ns = unique_namespace("unload");
@@ -673,7 +673,7 @@ async fn sighup_that_removes_a_ladder_retires_it_and_loses_none_of_its_retries()
         "{log}"
     );
 
-    // the retries come due into u's due queue, which the first ladder's due hop (t's) drains
+    // the retries come due into u's due queue, which the service moves to t, which admits them
     // with its checks, as it does N.stray: each is delivered once, none lost
     receive_each_once(&mut consumer, &ids, WAIT).await;
     eventually_ok(

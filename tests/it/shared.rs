@@ -1,8 +1,8 @@
 //! The tier queues are the namespace's, against the real broker: two ladders share one tier
 //! queue, and what expires in it comes due in its own ladder only (`N.due` routes by
 //! `retry-ladder`); the accounting checks both ladders together; what belongs to no ladder the
-//! namespace serves goes to `N.stray`, where the first ladder's due hop checks it — nothing is
-//! dropped and no check is skipped.
+//! namespace serves goes to `N.stray`, and on to the ladder its headers say it belongs to —
+//! nothing is dropped and no check is skipped.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -133,13 +133,19 @@ async fn two_ladders_share_a_tier_and_each_retry_comes_back_to_its_own_queue() {
 
 /// What expires in a shared tier for no ladder the namespace serves — a message without
 /// `retry-ladder`, or naming a ladder that is gone — is routed to `N.stray` (never dropped) and
-/// checked there by the first ladder's due hop: delivered where that ladder allows, parked with
-/// the reason where it does not.
+/// moved to the ladder its headers say it belongs to: the one whose allow-list admits its
+/// `retry-to`, whichever ladder file sorts first; what no ladder admits is parked with the
+/// reason by the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_belongs_to_no_ladder_is_checked_by_the_first_ladders_due_hop() {
-    let mut t = TestLadder::start("stray", &ladder("a")).await;
+async fn what_belongs_to_no_ladder_goes_to_the_ladder_that_admits_it() {
+    let mut t = TestLadder::configure_with("stray", "", &ladder("a")).await;
+    // a second ladder that sorts first and admits only `b`
+    let path = write_config(t.dir.path(), &t.ns, "", "b", &ladder("b"));
+    t.config = Arc::new(ladder::config::load(&path, &HashMap::new()).expect("two ladders load"));
+    assert_eq!(t.config.ladders[0].name, "b");
+    t.start_service().await;
     let allowed = t.declare_queue("a", FieldTable::default()).await;
-    let other = t.declare_queue("b", FieldTable::default()).await;
+    let nowhere = t.declare_queue("c", FieldTable::default()).await;
     let mut consumer = t.consume(&allowed).await;
     let shared = format!("{}.delay.300ms", t.ns);
     let stray = |id: &str, ladder: Option<&str>, to: &str| {
@@ -158,7 +164,7 @@ async fn what_belongs_to_no_ladder_is_checked_by_the_first_ladders_due_hop() {
     t.publish("", &shared, b"gone", stray("gone-1", Some("retired"), &allowed))
         .await;
     t.publish("", &shared, b"none", stray("none-1", None, &allowed)).await;
-    t.publish("", &shared, b"other", stray("other-1", Some("retired"), &other))
+    t.publish("", &shared, b"other", stray("other-1", Some("retired"), &nowhere))
         .await;
 
     let mut seen = Vec::new();
@@ -168,12 +174,13 @@ async fn what_belongs_to_no_ladder_is_checked_by_the_first_ladders_due_hop() {
         consumer.ack(&d);
     }
     seen.sort();
-    assert_eq!(seen, ["gone-1", "none-1"], "delivered where the first ladder allows");
-    let parked = t.parked(1).await.remove(0);
+    assert_eq!(seen, ["gone-1", "none-1"], "delivered by the ladder that admits them");
+    let first = format!("{}.b.parked", t.ns);
+    let parked = read_parked(&t.client, &first, 1).await.remove(0);
     assert_eq!(parked.reason, "destination-not-allowed", "{}", parked.detail);
     assert_eq!(parked.hop, "due");
-    assert_eq!(parked.destination.as_deref(), Some(other.as_str()));
-    t.assert_nothing_parked_after(1).await;
+    assert_eq!(parked.destination.as_deref(), Some(nowhere.as_str()));
+    t.assert_nothing_parked_after(0).await;
     assert_eq!(
         depth(&t.client, &format!("{}.stray", t.ns)).await,
         Some((0, 1)),

@@ -207,7 +207,10 @@ fn module_imports() -> std::collections::BTreeMap<String, std::collections::BTre
     };
     let modules: std::collections::BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
     let mut imports = std::collections::BTreeMap::new();
-    for f in files.iter().filter(|f| !f.ends_with("tests.rs") && !f.ends_with("main.rs") && !f.ends_with("lib.rs")) {
+    for f in files
+        .iter()
+        .filter(|f| !f.ends_with("tests.rs") && !f.ends_with("main.rs") && !f.ends_with("lib.rs"))
+    {
         let module = module_of(f);
         let mut paths = Paths(vec![]);
         let parsed = syn::parse_file(&std::fs::read_to_string(f).unwrap()).unwrap();
@@ -270,7 +273,11 @@ fn circles(imports: &std::collections::BTreeMap<String, std::collections::BTreeS
 #[test]
 fn no_module_of_src_imports_one_that_imports_it_back() {
     let imports = module_imports();
-    assert!(imports.len() > 50, "found only {} modules: the walk is broken", imports.len());
+    assert!(
+        imports.len() > 50,
+        "found only {} modules: the walk is broken",
+        imports.len()
+    );
     assert!(
         imports.values().map(|i| i.len()).sum::<usize>() > 100,
         "found too few imports: the walk is broken"
@@ -282,9 +289,14 @@ fn no_module_of_src_imports_one_that_imports_it_back() {
 #[test]
 fn the_circle_check_finds_a_circle() {
     let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
-    let imports = [("a", set(&["b"])), ("b", set(&["c"])), ("c", set(&["a"])), ("d", set(&["a"]))]
-        .into_iter()
-        .map(|(m, i)| (m.to_string(), i))
-        .collect();
+    let imports = [
+        ("a", set(&["b"])),
+        ("b", set(&["c"])),
+        ("c", set(&["a"])),
+        ("d", set(&["a"])),
+    ]
+    .into_iter()
+    .map(|(m, i)| (m.to_string(), i))
+    .collect();
     assert_eq!(circles(&imports), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
 }
