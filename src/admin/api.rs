@@ -1,5 +1,5 @@
-//! The parking-lot HTTP JSON API on the admin server — the CLI's `ladder parked` operations for
-//! scripts and tools:
+//! The parking-lot HTTP JSON API on the admin server: the CLI's `ladder parked` operations, for
+//! scripts and tools.
 //!
 //! - `GET  /api/ladders/{ladder}/parked` — a page of entries, newest first, and the total;
 //! - `GET  /api/ladders/{ladder}/parked/counts` — the matching entries counted in all, per
@@ -11,14 +11,13 @@
 //! - `POST /api/ladders/{ladder}/scheduled/cancel` — cancel a scheduled delivery by message id;
 //! - `GET  /api/openapi.json` — this API described (OpenAPI 3, [`crate::admin::openapi`]).
 //!
-//! Every error under `/api` is `{"error": "..."}` JSON: the handlers' own, the extractors'
-//! (a body, path or query that does not parse is 400, never axum's text/plain 400 or 422; a
-//! body that is not `application/json` is 415), and the router's (no such route 404, a method
-//! the route does not take 405), which `json_errors` rewrites.
+//! Every error under `/api` is `{"error": "..."}` JSON, whoever answers it: a handler, an
+//! extractor (a body, path or query that does not parse is 400; a body that is not
+//! `application/json` is 415) or the router (404, 405), which `json_errors` rewrites.
 //!
-//! Reading is open to whoever reaches the admin server (it binds to loopback by default);
-//! replay, discard and cancel need `Authorization: Bearer <token>` with a token from `admin.tokens`, and
-//! the token's name is who asked, in the log and the resolution record. The query parsing and
+//! Reading is open to whoever reaches the admin server, which binds to loopback by default.
+//! Replay, discard and cancel need `Authorization: Bearer <token>` with a token from
+//! `admin.tokens`; the token's name is who asked, in the log and the resolution record. The query parsing and
 //! the token check here are shared with the web page ([`crate::admin::web`]).
 
 use std::collections::BTreeMap;
@@ -189,9 +188,9 @@ pub(crate) fn is_api_path(path: &str) -> bool {
     path == "/api" || path.starts_with("/api/")
 }
 
-/// Middleware: an error answered under `/api` that is not JSON yet — the router's 404 (no such
-/// route) and 405 (a method the route does not take; axum adds `Allow` after this layer), or a
-/// rejection of any inner layer — becomes `{"error": "..."}` with the same status and headers.
+/// Middleware: an error answered under `/api` that is not JSON yet becomes `{"error": "..."}`
+/// with the same status and headers. That is the router's 404 and 405 (axum adds `Allow` after
+/// this layer), or a rejection of any inner layer.
 /// A 422 becomes 400: the API answers every request it cannot read with 400
 /// (`docs/src/reference/http-api.md`). Other paths (the web page, health, metrics) are left alone.
 pub(crate) async fn json_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
@@ -708,10 +707,9 @@ impl EditRequest {
 }
 
 /// Checks an edit of entry `offset` before a job is started, so a mistake is answered at once
-/// (400) with its reason rather than as a failed job: the entry exists and is unresolved, its
-/// properties decoded, the edit applies within the limits, and the queue it would go to
-/// (`to`, else a `retry-to` the edit sets, else the recorded destination) is one the ladder
-/// allows.
+/// (400) rather than as a failed job. The entry must exist, be unresolved and have decoded
+/// properties; the edit must apply within the limits; and the ladder must allow the queue it
+/// would go to (`to`, else a `retry-to` the edit sets, else the recorded destination).
 pub(crate) async fn check_edit(
     state: &AdminState,
     ladder: &str,

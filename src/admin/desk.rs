@@ -1,15 +1,14 @@
-//! The parking lots as the running service serves them to operators (the HTTP API in
-//! [`crate::admin::api`] and the web page in [`crate::admin::web`]): one [`LotIndex`] per ladder kept current
-//! by a task that follows the parked stream, and list, show, replay and discard on top of it.
+//! The parking lots as the running service serves them to operators, through the HTTP API
+//! ([`crate::admin::api`]) and the web page ([`crate::admin::web`]). It keeps one [`LotIndex`]
+//! per ladder current by following the parked stream, and lists, shows, replays and discards.
 //!
 //! It owns its own broker connection, apart from the relay's: a slow listing or a replay at a
 //! low rate never holds up a retry. The connection is opened on first use and again after it
 //! failed.
 //!
-//! Replay and discard are serialised twice: within this process by a per-ladder mutex (every
-//! request shares one connection, and the broker's exclusive-queue lock belongs to a connection,
-//! so it cannot tell two requests of one process apart), and across processes by the
-//! [`crate::broker::lot::OperatorLock`]. After taking both, a marker is appended to the stream and
+//! Replay and discard are serialised twice: within this process by a per-ladder mutex, as every
+//! request shares one connection and the broker's lock belongs to a connection; and across
+//! processes by the [`crate::broker::lot::OperatorLock`]. After taking both, a marker is appended to the stream and
 //! the action waits until the index has read it, so a second replica never selects what the
 //! first just resolved.
 //!
@@ -37,9 +36,9 @@ use crate::model::lot::index::{Counts, SharedIndex};
 use crate::model::lot::pace::Rate;
 use crate::model::lot::record::ParkedEntry;
 
-/// How long an action waits for the index to reach its marker before it gives up: the
-/// follower reads tens of thousands of records a second, so only a stuck broker or an index
-/// still being built from millions of entries takes this long.
+/// How long an action waits for the index to reach its marker before it gives up. The follower
+/// reads tens of thousands of records a second, so only a stuck broker or an index still being
+/// built from millions of entries takes this long.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The follower's pause after a failure doubles from this …

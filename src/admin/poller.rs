@@ -6,22 +6,19 @@
 //! polls, and reads with passive `queue.declare`, which never creates or changes anything. It
 //! must not touch the relay's connection, consume, publish or declare: it is off the worker path,
 //! and a slow or unreachable broker only delays its own next poll. Every broker call is bounded
-//! by [`BROKER_CALL_TIMEOUT`]. A poll whose connection was lost while it read (a closed or broken
-//! connection mid-batch) connects again and reads everything again, within the poll interval
-//! (at most [`POLL_ATTEMPTS`] reads): one lost connection costs no poll, and the accounting sees
-//! one consistent read. A poll that still fails (the broker cannot be reached) is logged (warn
+//! by [`BROKER_CALL_TIMEOUT`]. A poll whose connection was lost while it read connects again and
+//! reads everything again, up to [`POLL_ATTEMPTS`] times within the poll interval. So one lost
+//! connection costs no poll, and the accounting sees one consistent read. A poll that still fails (the broker cannot be reached) is logged (warn
 //! once, then debug) and retried at the next tick.
 //!
 //! What the counts mean (measured on RabbitMQ 3.10.8): for quorum and classic queues,
 //! `message_count` is the number of *ready* messages — deliveries the service holds unacked are
-//! not in it. For the stream `N.L.parked` it is the stream's length (records within retention;
-//! reading does not remove them), refreshed by the broker only every few seconds (its statistics
-//! interval: 100 records showed as 0 for about 2 s), so the parked depth lags.
+//! not in it. For the stream `N.L.parked` it is the stream's length (records within retention),
+//! which the broker refreshes only every few seconds, so the parked depth lags.
 //!
 //! The accounting check is per process. With several replicas each one sees every queue but
-//! only its own traffic; a replica checks only while it is the sole consumer of a ladder's intake
-//! and due queues, so with several replicas running the check is off and the identity must be
-//! summed across replicas in Prometheus (README, "Metrics and health").
+//! only its own traffic, so a replica checks only while it is the sole consumer of a ladder's
+//! intake and due queues. With several replicas, sum the identity across them in Prometheus.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -472,9 +469,8 @@ fn report(ladder: &mut Tracked, verdict: Verdict, state: &State) {
 }
 
 /// Passive declares a poll has in flight at once, each on a channel of its own (the client
-/// makes one call at a time per channel). One at a time, a ladder with exact delays (some
-/// thirty queues) took as many round trips — and wake-ups of the service — every poll; eight
-/// at once go out in one write and come back in about one read.
+/// makes one call at a time per channel). Eight at once go out in one write and come back in
+/// about one read, where one at a time took a round trip per queue.
 const PARALLEL_READS: usize = 8;
 
 /// The poller's own connection and channels, kept across polls.

@@ -1,14 +1,14 @@
-//! Destination holds on the broker: recording a hold or a resume in the ladder's stream
-//! `N.L.holds` (CLI, API, web page, the automatic hold), following the stream into the
-//! [`SharedHolds`] every relay loop of the ladder checks, and the **releaser**, which drains
-//! the held queues of resumed destinations at their rate and sends the automatic hold's probes.
+//! Destination holds on the broker. A hold or a resume is recorded in the ladder's stream
+//! `N.L.holds`, by the CLI, the API, the web page or the automatic hold. Followers read the
+//! stream into the [`SharedHolds`] every relay loop of the ladder checks. The **releaser**
+//! drains the held queues of resumed destinations at their rate and sends the automatic hold's
+//! probes.
 //!
-//! Following reads the whole stream (a hold lasts until it is resumed, however long ago) — or,
-//! where retention cut it, the first checkpoint that covers the cut and what follows — and is
-//! caught up once it read a marker it appended itself; the supervisor starts no relay loop
-//! before. A hold is recorded only after the destination was checked (allowed, exists) and its
-//! held queue declared; every follower declares the held queue again before it applies the
-//! hold, so no due hop routes into a queue that does not exist.
+//! Following reads the whole stream, as a hold lasts until it is resumed; where retention cut
+//! it, from the first checkpoint that covers the cut. It is caught up once it read a marker it
+//! appended itself, and no relay loop starts before. A hold is recorded only after the
+//! destination was checked and its held queue declared; every follower declares the held queue
+//! again before it applies the hold, so no due hop routes into a queue that does not exist.
 //!
 //! The releaser must not deliver faster than the rate asked: every held queue takes one active
 //! consumer at a time (`x-single-active-consumer`), so however many replicas drain it, one does,
@@ -257,9 +257,9 @@ pub async fn snapshot(connection: &Connection, names: &Names, spec: &LadderSpec)
 /// its own marker. With `metrics` (the service's follower), transitions read after catching up
 /// are logged and counted, and checkpoints are appended (see [`Checkpoint`]).
 ///
-/// Retention may have removed the stream's oldest records: a follower whose first record is not
+/// Retention may have removed the stream's oldest records. A follower whose first record is not
 /// at offset 0 keeps what it reads until a checkpoint that covers the cut, then takes the
-/// checkpoint's state and applies the kept records after it ([`Catchup`]) — the state of a
+/// checkpoint's state and applies the kept records after it ([`Catchup`]): the state of a
 /// follower that read everything. Every held queue of a restored state is declared before it
 /// is applied, as for a `held` record.
 pub async fn follow(
@@ -634,10 +634,9 @@ pub async fn run_releaser(connection: Connection, ladder: Arc<LadderRuntime>, st
     while tasks.join_next().await.is_some() {}
 }
 
-/// One tick of the automatic hold on this replica: records the probe failures its intake saw,
-/// polls the breaker (which records new holds), and resumes a destination whose probe came
-/// through — the prober does, or anyone once a further probe period went by (the prober may
-/// be gone). A probe due for a whole period that nobody sent means no replica holds a message
+/// One tick of the automatic hold on this replica. It records the probe failures its intake
+/// saw, polls the breaker (which records new holds), and resumes a destination whose probe came
+/// through: the prober does, or anyone once a further probe period went by. A probe due for a whole period that nobody sent means no replica holds a message
 /// of the held queue (it is empty): a probe without a message is recorded, so it resumes.
 async fn auto_hold(
     connection: &Connection,
@@ -996,10 +995,9 @@ fn settle_release(ladder: &LadderRuntime, channel: &Channel, tag: u64, delivered
 /// ladder's `held_queue_grace` since its release ended, then records `deleted` (every replica
 /// forgets the destination). Only an empty queue without consumers is deleted, and nothing of
 /// this process routes into it meanwhile ([`SharedHolds::begin_delete`]). A classic queue is
-/// deleted `if-empty`, which the broker decides atomically, so a message a lagging replica
-/// routes in at that moment keeps it; a quorum queue refuses `if-empty` (and closes the
-/// connection for asking), so one is deleted only while this replica is the only consumer of
-/// `N.L.due` — no other replica can route into it — and otherwise kept, as before.
+/// deleted `if-empty`, which the broker decides atomically. A quorum queue refuses `if-empty`,
+/// so it is deleted only while this replica is the only consumer of `N.L.due`, when no other
+/// replica can route into it; otherwise it is kept.
 async fn delete_held_queue(
     connection: &Connection,
     ladder: &LadderRuntime,

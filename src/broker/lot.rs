@@ -1,15 +1,14 @@
 //! The parking lot as an operator sees it: list, search, show, replay and discard the records
-//! of `N.L.parked`, for the CLI today and the admin HTTP API later.
+//! of `N.L.parked`, for the CLI and the admin HTTP API.
 //!
 //! State lives only in the stream. A replay or a discard appends a *resolution record*
 //! (`type` = [`RESOLUTION_FORMAT`], JSON body [`Resolution`]) to the same stream, after the
-//! entry it resolves; every replica and tool that reads the stream sees the same state, and
-//! nothing is ever deleted (retention, not discard, frees space). See ARCHITECTURE.md.
+//! entry it resolves. Every replica and tool that reads the stream sees the same state, and
+//! nothing is ever deleted: retention, not discard, frees space.
 //!
 //! Listing and selecting go through a [`LotIndex`]: one compact row per entry, built by reading
-//! the stream once (the CLI builds one per command, from the filter's start to the stream's end
-//! when the command started; the service keeps one per ladder that follows the stream). The
-//! index answers counts and pages by offset; only the page's records are then fetched from the
+//! the stream once. The CLI builds one per command; the service keeps one per ladder that
+//! follows the stream. The index answers counts and pages by offset; only the page's records are then fetched from the
 //! stream, in runs of nearby offsets. Searches the index cannot answer (headers, body) fetch
 //! the candidates it narrows to and check them, keeping at most [`MAX_PAGE_WINDOW`] entries.
 //! The end is found by reading the last chunk (`x-stream-offset: last`): RabbitMQ 3.10 reports
@@ -217,9 +216,8 @@ async fn bounded<T>(
     }
 }
 
-/// Entries parked before `since` may lie in chunks the broker stamped up to this much later
-/// (the envelope's time is the service's clock, the chunk's the broker's), so a time-bounded scan
-/// starts this much earlier; the filter then drops what is too old.
+/// How much earlier than `since` a time-bounded scan starts: an entry's time is the service's
+/// clock, its chunk's the broker's. The filter then drops what is too old.
 pub const CLOCK_MARGIN: Duration = Duration::from_secs(60);
 
 /// Where a scan starts. Resolutions always follow their entry, so every scan of one request
@@ -352,9 +350,9 @@ pub struct Selection {
 ///
 /// It is an exclusive, non-durable queue `N.L.operator-lock` declared on a connection of its
 /// own: the broker lets one connection own it and deletes it when that connection dies. The
-/// lock owns that connection, so dropping the lock — at the end of an action, when the action
-/// fails, or when the future running it is dropped (a client that went away) — closes it and
-/// frees the lock; a crashed holder frees it too.
+/// lock owns that connection, so dropping the lock closes it and frees the lock, whether the
+/// action ended, failed or was dropped with a client that went away. A crashed holder frees it
+/// too.
 pub struct OperatorLock {
     connection: Connection,
     channel: Channel,
@@ -363,10 +361,8 @@ pub struct OperatorLock {
 
 impl OperatorLock {
     /// Releases the lock now: deletes the queue, which the broker confirms once it is gone, then
-    /// closes the connection. (Closing alone frees it too, as dropping the lock does, but the
-    /// broker deletes an exclusive queue only after the connection is gone, a moment after it
-    /// confirmed the close: a replay requested right after another one ended could find the lock
-    /// still taken.)
+    /// closes the connection. Closing alone would free it a moment after the close is confirmed,
+    /// and a replay asked for right then could find the lock still taken.
     pub async fn release(self) {
         let _ = tokio::time::timeout(BROKER_TIMEOUT, self.channel.queue_delete(&self.queue)).await;
         let _ = tokio::time::timeout(BROKER_TIMEOUT, self.connection.close(200, "unlocked")).await;
@@ -382,8 +378,8 @@ pub struct ParkingLot<'a> {
 }
 
 /// Where an action's selection is made from, up to the marker it appended after taking the
-/// lock: a fresh index read through the marker (a one-off command), or an index a follower
-/// keeps current (the service), once the follower has read the marker.
+/// lock: a fresh index read through the marker (a command), or the index a follower keeps
+/// current (the service), once it has read the marker.
 pub enum ActIndex<'i> {
     /// Read a fresh one.
     Fresh,
@@ -784,11 +780,10 @@ impl<'a> ParkingLot<'a> {
         Ok(Selection { entries, left_over })
     }
 
-    /// Replays `entries` in order: each is republished through the default exchange to its
+    /// Replays `entries` in order, at most at `options.rate`. Each is republished to its
     /// destination (or `options.to`), persistent and mandatory, with a fresh attempt count and
-    /// `retry-replayed-from`, at most at `options.rate`; only after the broker confirmed it is
-    /// the resolution appended (and applied to `index`). A failure is reported per entry and
-    /// leaves it unresolved.
+    /// `retry-replayed-from`. Its resolution is appended only after the broker confirmed it. A
+    /// failure is reported per entry and leaves it unresolved.
     pub async fn replay(
         &self,
         index: &SharedIndex,
@@ -1016,9 +1011,10 @@ impl<'a> ParkingLot<'a> {
         ))
     }
 
-    /// The original body of `entry`: from its envelope, or — when it was too large for one —
-    /// from the body record written just before it ([`crate::model::envelope::BODY_FORMAT`]), looked
-    /// for in the [`BODY_SEARCH_BACK`] records before the entry, then from the stream's start.
+    /// The original body of `entry`: from its envelope, or, when it was too large for one, from
+    /// the body record written just before it ([`crate::model::envelope::BODY_FORMAT`]). That
+    /// record is looked for in the [`BODY_SEARCH_BACK`] records before the entry, then from the
+    /// stream's start.
     pub async fn body(&self, entry: &ParkedEntry) -> Result<Vec<u8>, ParkingError> {
         let Some(record) = &entry.envelope.message.body_record else {
             return Ok(entry.envelope.message.body()?);

@@ -1,21 +1,19 @@
 //! The consume loops of a ladder — intake, due and quarantine — and the parking of what they
 //! cannot forward.
 //!
-//! Each loop owns one channel in confirm mode: it takes up to `prefetch` deliveries, decides
-//! each one with [`crate::model::protocol`], publishes the replacement and acks the delivery
-//! only once the broker confirmed that publish (what settles in one turn of the loop in one
-//! ack: `acks`). Many publishes are in flight at once (the prefetch bounds them); nothing
-//! waits for one confirm before sending the next. A broker error ends the loop,
+//! Each loop owns one channel in confirm mode. It takes up to `prefetch` deliveries, decides
+//! each one with [`crate::model::protocol`], publishes the replacement, and acks the delivery
+//! only once the broker confirmed that publish (`acks` acks what settles in one turn at once).
+//! Many publishes are in flight at once, bounded by the prefetch. A broker error ends the loop
 //! and the supervisor reconnects: unacked deliveries go back to their queue, so the worst case
 //! is a duplicate, never a loss.
 //!
 //! No single message or destination may hold a loop up:
 //! - the due hop has at most `max_in_flight_per_destination` deliveries in flight to one queue
-//!   (`gate`); more for it wait for a slot briefly while it keeps confirming (no timer each:
-//!   the gate's sweeper ends the waits that are over), else they — and
-//!   what it refuses (a nack) — go back into a tier without an attempt being counted
-//!   ([`crate::model::protocol::HopContext::defer`]), so a full or stalled queue cannot take the
-//!   prefetch from the others;
+//!   (`gate`). More for it wait briefly for a slot while it keeps confirming; else they, and what
+//!   it refuses, go back into a tier without an attempt counted
+//!   ([`crate::model::protocol::HopContext::defer`]). So a full or stalled queue cannot take
+//!   the prefetch from the others;
 //! - a message whose handling panics (a bug) is parked as `internal-error` instead of taking the
 //!   session down again at every redelivery;
 //! - a body too large for an envelope is parked apart, as a record of its own
@@ -60,9 +58,8 @@ const RETRY_MIN: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// A body larger than this is parked as a record of its own, before the envelope that names
-/// it, instead of inside the envelope in base64 (4/3 of its size): the envelope would pass
-/// RabbitMQ's `max_message_size` (16 MiB on 4.x, 128 MiB on 3.x) well before the body does, and
-/// the index reads every envelope whole. 1 MiB keeps every envelope small.
+/// it. In base64 inside the envelope it would pass RabbitMQ's `max_message_size` long before
+/// the body itself does, and the index reads every envelope whole.
 pub const BODY_INLINE_MAX: usize = 1024 * 1024;
 
 pub use crate::model::names::Hop;
@@ -266,17 +263,13 @@ pub async fn serve_on(
     // prefetch its bound leaves
     let waiting = usize::from(ladder.limits.prefetch).saturating_sub(limit);
     let gate = DestinationGate::new(limit, waiting, BUSY_WAIT);
-    // what every delivery's future uses, borrowed from this loop rather than each holding a
-    // reference count: the ladder's is shared with its other loops on other threads, and two
-    // atomic updates of it per delivery made that cache line travel between the cores
+    // borrowed by every delivery's future rather than counted: the ladder's reference count is
+    // shared with loops on other threads, and updating it per delivery costs a cache line
     let (ladder, channel, gate) = (&*ladder, &channel, &gate);
     let mut in_flight: FuturesUnordered<_> = FuturesUnordered::new();
-    // A one-shot told by a task of its own when `shutdown` fires. The loop polls it last, when
-    // nothing else is ready, and under load — when deliveries and confirms are always ready
-    // first — looks at it after every delivery without waiting (`try_recv`: one atomic load; a
-    // poll registers the loop's waker and takes the runtime's budget, and a token's
-    // `is_cancelled()` takes the token's lock). The task ends with the loop (dropped handle:
-    // aborted).
+    // A one-shot told by a task of its own when `shutdown` fires. The loop polls it last, and
+    // under load also checks it after every delivery with `try_recv`, one atomic load, cheaper
+    // than polling a token. The task ends with the loop.
     let (stop, mut stopping) = tokio::sync::oneshot::channel::<()>();
     let _told = tokio_util::task::AbortOnDropHandle::new(tokio::spawn({
         let shutdown = shutdown.clone();
@@ -541,10 +534,9 @@ fn decide<'a>(
     }
 }
 
-/// The one place the breaker hears of a failure: the destination of a message it was
-/// delivered (a repeat failure, attempt 2 on) failed when that failure is scheduled at the
-/// intake, taken in at the due hop where the broker routed it past the intake, or parked for
-/// its last attempt.
+/// The one place the breaker hears of a failure. A destination failed when a message it was
+/// delivered (attempt 2 on) fails again: scheduled at the intake, taken in at the due hop (the
+/// broker routed it past the intake), or parked after its last attempt.
 fn failed_destination<'d>(hop: Hop, decision: &'d Decision<'_>) -> Option<&'d str> {
     match decision {
         Decision::Forward(forward)

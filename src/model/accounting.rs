@@ -38,34 +38,30 @@
 //!   over `polls` consecutive quiet polls. A busy poll neither counts nor resets the streak: a
 //!   ladder that is never quiet is never checked.
 //! - A reconnect hands unacked deliveries back to their queues. A delivery enters once its hop
-//!   settled it, so one handed back unsettled counts once, when its redelivery is settled (the
+//!   settled it, so one handed back unsettled counts once, when its redelivery is settled. (The
 //!   broker's `redelivered` flag cannot tell: RabbitMQ 4.x sets it on a message's first
-//!   delivery after dead-lettering); a due delivery goes back to `N.L.due`, which is waiting.
-//!   So the anchor survives reconnects, and a message the broker drops while the service
-//!   reconnects (a delivery limit without a dead-letter target) shows
-//!   as missing. A delivery whose ack was lost comes back as a duplicate: a persistent *surplus*
+//!   delivery after dead-lettering.) A due delivery goes back to `N.L.due`, which is waiting.
+//!   So the anchor survives reconnects, and a message the broker drops meanwhile shows as
+//!   missing. A delivery whose ack was lost comes back as a duplicate: a lasting *surplus*
 //!   (more found than counted) becomes the new anchor, so it cannot hide a later loss. Polls
 //!   while the service is not ready are skipped, the anchor kept.
-//! - A failure the broker routes straight into a wait (by its `retry-next`, through `N.L`)
-//!   enters the ladder when it comes due, at the due hop: until then it waits uncounted, a
-//!   surplus. So a surplus becomes the new anchor only on a poll that finds nothing waiting
-//!   (no uncounted failure can hide then); before, it is balanced. A duplicate made while
-//!   messages wait can therefore hide a loss of as many until the ladder is next empty; a loss
-//!   is never reported where there is none.
-//! - A partition leaves some messages' fate unknown for a while: deliveries the service held
-//!   when its connection died stay checked out to the dead consumer on the queue's leader
-//!   (quorum queues keep them for a consumer they cannot tell dead from cut off) and show in no
-//!   ready count; a publish unconfirmed when the connection died may or may not be in its tier;
-//!   a delivery settled just before the cut may come back and count as entering again. So a
-//!   shortfall first judged after a **disruption** (a lost session, a poll that could not read
+//! - A failure the broker routes straight into a wait (by its `retry-next`) enters the ladder
+//!   when it comes due, at the due hop. Until then it waits uncounted, a surplus. So a surplus
+//!   becomes the new anchor only on a poll that finds nothing waiting, where no uncounted
+//!   failure can hide. A duplicate made while messages wait can therefore hide a loss of as
+//!   many until the ladder is next empty. A loss is never reported where there is none.
+//! - A partition leaves some messages' fate unknown for a while. Deliveries the service held
+//!   when its connection died stay checked out to the dead consumer on the queue's leader, in
+//!   no ready count. A publish unconfirmed when the connection died may or may not be in its
+//!   tier. A delivery settled just before the cut may come back and count as entering again.
+//!   So a shortfall first judged after a **disruption** (a lost session, a poll that could not read
 //!   the broker, the service not ready) is **in doubt**, not lost: reported as
 //!   `InDoubt` (`ladder_in_doubt_messages`, a warning), never as unaccounted. It stays in doubt
 //!   until the ladder balances again; a shortfall beyond it, found later, is unaccounted as
 //!   before.
 //! - The counters are this process's. With several replicas each sees every queue but only its
-//!   own traffic, so the caller must not mark a poll `exclusive` unless this process is the
-//!   only consumer of the ladder's intake and due queues; across replicas, sum the counters in
-//!   Prometheus instead (README, "Metrics and health").
+//!   own traffic, so a poll is `exclusive` only while this process is the only consumer of the
+//!   ladder's intake and due queues. Across replicas, sum the counters in Prometheus instead.
 
 use std::collections::VecDeque;
 
@@ -153,9 +149,9 @@ pub struct Observation {
 }
 
 impl Observation {
-    /// The observation of several ladders as one system: counters summed, `waiting` the ready
-    /// messages of every queue they use, each counted once (the caller's sum: a tier two ladders
-    /// share must not count twice); checkable only if every one is, shared or disrupted if any
+    /// The observation of several ladders as one system: counters summed, and `waiting` the
+    /// ready messages of every queue they use, each counted once (a tier two ladders share must
+    /// not count twice). It is checkable only if every one is, and shared or disrupted if any
     /// is. A namespace's ladders share their tier queues, whose depth cannot be split by ladder,
     /// so with more than one ladder this is what is checked.
     pub fn together(ladders: &[Observation], waiting: u64) -> Observation {
@@ -187,9 +183,9 @@ pub struct Rules {
     pub tolerance: u64,
     /// Consecutive quiet polls a discrepancy must last before it is reported (at least 1).
     pub polls: usize,
-    /// And for how long at least (ms), from the first quiet poll that found it: longer than a
-    /// lost session takes to be noticed, so a shortfall that a partition causes before anything
-    /// noticed the partition is judged after the disruption, in doubt, not lost.
+    /// And for how long at least (ms), from the first quiet poll that found it. It is longer
+    /// than a lost session takes to be noticed, so a shortfall a partition causes is judged
+    /// after the disruption: in doubt, not lost.
     pub settle_ms: u64,
 }
 

@@ -1,7 +1,7 @@
-//! Destination holds (a circuit breaker per destination queue): the record format
-//! `ladder.hold/v1` of the ladder's hold stream `N.L.holds`, the state every replica rebuilds
-//! by following it ([`Holds`]), and the automatic hold's breaker ([`Breaker`]): a sliding
-//! window of deliveries and failures per destination, its thresholds and its damping.
+//! Destination holds, a circuit breaker per destination queue. Here are the record format
+//! `ladder.hold/v1` of the hold stream `N.L.holds`, the state every replica rebuilds by
+//! following it ([`Holds`]), and the automatic hold's [`Breaker`]: a sliding window of
+//! deliveries and failures per destination, its thresholds and its damping.
 //!
 //! Pure: the caller hands in the time and the records; nothing here reads a clock or talks to
 //! the broker. The state is a cache of the stream, never the truth.
@@ -417,9 +417,9 @@ impl Holds {
     }
 }
 
-/// The record format of a checkpoint in `N.L.holds`: the whole hold state as the stream left it
-/// up to a record, so a follower that starts where retention cut the stream rebuilds exactly
-/// the state of one that read it from its very first record.
+/// The record format of a checkpoint in `N.L.holds`: the whole hold state up to a record. A
+/// follower that starts where retention cut the stream rebuilds from it exactly the state of one
+/// that read every record.
 pub const CHECKPOINT_FORMAT: &str = "ladder.holds-checkpoint/v1";
 
 /// One destination in a [`Checkpoint`]: [`DestinationHold`] with its state spelled out.
@@ -561,8 +561,8 @@ impl Holds {
 /// How a follower folds the hold stream when its first record may not be the stream's first
 /// (retention removed the oldest segments). Reading from offset 0 it applies every record as it
 /// comes. Reading from a cut it keeps the records it reads until a checkpoint that covers the
-/// cut (`upto + 1 >= first offset`): then the state is the checkpoint's, and the kept records
-/// after `upto` are applied on top, in order — exactly the fold of the whole stream.
+/// cut (`upto + 1 >= first offset`). Then the state is the checkpoint's, with the kept records
+/// after `upto` applied on top in order: exactly the fold of the whole stream.
 #[derive(Debug, Default)]
 pub struct Catchup {
     first: Option<u64>,
@@ -646,8 +646,8 @@ impl Catchup {
 }
 
 /// A caught-up follower appends a [`Checkpoint`] once this many bytes of records went by since
-/// the last checkpoint in the stream (plus up to half again, drawn per follower, so replicas do
-/// not all write one at once: the first to write resets the others' count). Far below the
+/// the last checkpoint in the stream, plus up to half again, drawn per follower so that replicas
+/// do not all write one at once. Far below the
 /// stream's retention (`model::plan::HOLDS_MAX_BYTES`, which keeps at least that less one
 /// segment), so the retained part always holds a checkpoint that covers where it begins.
 pub const CHECKPOINT_EVERY_BYTES: u64 = 1024 * 1024;
@@ -948,10 +948,9 @@ impl Breaker {
         self.watch(destination, now_ms).window.failed(window, now_ms);
     }
 
-    /// Adds the deliveries and failures `shard` counted since it was last absorbed (a breaker
-    /// with the same policy that one hop counts into, so that the two hops, on two threads, do
-    /// not share one lock per message) and empties it; what it counted as waiting is not
-    /// carried (count that here). Before [`Breaker::poll`] and
+    /// Adds the deliveries and failures `shard` counted since it was last absorbed, and empties
+    /// it. A shard is a breaker one hop counts into, so that two hops on two threads do not
+    /// share a lock per message. What it counted as waiting is not carried (count that here). Before [`Breaker::poll`] and
     /// [`Breaker::busiest`]: they then see every count, as if made here.
     pub fn absorb(&mut self, shard: &mut Breaker, now_ms: u64) {
         let window = self.policy.window;

@@ -122,10 +122,9 @@ pub fn delay_levels() -> Vec<Tier> {
         .collect()
 }
 
-/// A level's name: `level-` and its delay to three significant digits in the largest unit
-/// that keeps it at least 1 (`level-1.02s` for 1 024 ms, `level-24.9d`), so that in a list of
-/// queues a level reads apart from a step (`N.delay.1s`) and its delay reads at a glance. The
-/// exact delay is the queue's `x-message-ttl`.
+/// A level's name: `level-` and its delay to three significant digits in the largest unit that
+/// keeps it at least 1 (`level-1.02s` for 1 024 ms, `level-24.9d`). In a list of queues a level
+/// then reads apart from a step (`N.delay.1s`). The exact delay is the queue's `x-message-ttl`.
 pub fn level_name(delay: Duration) -> String {
     let ms = delay.as_millis() as f64;
     let (value, unit) = [(86_400_000.0, "d"), (3_600_000.0, "h"), (60_000.0, "m"), (1_000.0, "s")]
@@ -165,10 +164,9 @@ impl Jitter {
 
 /// Who may send retries to which destinations (the ladder's `senders` and `unidentified`).
 ///
-/// The sender is the message's `user_id` property as the ladder's intake receives it: RabbitMQ
-/// refuses a publish whose `user_id` is not the publishing connection's user, so it names who
-/// published the message — never a header, which anyone can write (`retry-original-user-id`
-/// included).
+/// The sender is the message's `user_id` property as the ladder's intake receives it. RabbitMQ
+/// refuses a publish whose `user_id` is not the connection's user, so it names who published
+/// the message. A header never does, as anyone can write one.
 #[derive(Debug, Clone)]
 pub struct Senders {
     /// Each sender (a broker user name) and the destination queues it may target.
@@ -287,8 +285,7 @@ pub struct LadderSpec {
 /// new destination is matched each time (a bounded memory, whatever the senders name).
 ///
 /// Read on every hop by both hops' threads, written once per new destination: the map is
-/// swapped whole ([`ArcSwap`]), so a read takes no lock (a read lock's counter, written from
-/// both threads, moved its cache line between the cores on every hop). A new verdict copies
+/// swapped whole ([`ArcSwap`]), so a read takes no lock. A new verdict copies
 /// the map (at most [`Verdicts::KEPT`] entries, once per destination), with
 /// [`ArcSwap::rcu`], so two new destinations at once do not replace each other's copy.
 #[derive(Debug, Default)]

@@ -1,15 +1,11 @@
-//! When the next message leaves a tier: each tier is a FIFO queue with one TTL, so a message
-//! put into it at `t` leaves at `t + ttl`, in the order they went in. [`LeaveTimes`] keeps,
-//! for one tier, how many messages leave in each time bucket; the front bucket that has not
-//! passed is the next leave time. Buckets are a 1024th of the TTL (at least 1 ms), so a tier
-//! holds at most ~1025 buckets however many messages wait: memory stays flat in the number
-//! waiting, and the time is exact to a 1024th of the tier (1 ms for a 1 s tier).
+//! When the next message leaves a tier. Each tier is a FIFO queue with one TTL, so a message put
+//! into it at `t` leaves at `t + ttl`, in order. [`LeaveTimes`] keeps, for one tier, how many
+//! messages leave in each time bucket; the front bucket that has not passed is the next leave
+//! time. Buckets are a 1024th of the TTL, so memory stays flat however many messages wait.
 //!
-//! [`DueCounts`] counts, for one destination, the messages put into any tier whose due time
-//! has not come: the destination's waiting messages. Tiers are shared by every destination, so
-//! the broker cannot say this; the due times can, in buckets a 32nd of each message's delay
-//! wide (a message counts as waiting at most ~3% of its delay too long), at most
-//! [`MAX_DUE_BUCKETS`] of them.
+//! [`DueCounts`] counts, for one destination, the messages in any tier whose due time has not
+//! come. The broker cannot say this, as tiers are shared by every destination; the due times
+//! can, in buckets a 32nd of each message's delay wide, at most [`MAX_DUE_BUCKETS`] of them.
 //!
 //! Both know only what this process put into the tiers since it started (other replicas, and
 //! messages from before a restart, are not in them): estimates for operators, never used to

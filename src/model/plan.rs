@@ -29,10 +29,9 @@ pub enum Declaration {
         name: String,
         /// `x-…` arguments, in the order shown by `ladder plan`.
         args: Vec<(&'static str, ArgValue)>,
-        /// The arguments an older Ladder (or the same one on an older broker) declared this
-        /// queue with, if they differ: RabbitMQ refuses to change a queue's arguments, so an
-        /// existing queue of that shape is kept as it is, and [`apply`] says how to add what it
-        /// lacks with a policy.
+        /// The arguments an older Ladder (or an older broker) declared this queue with, if they
+        /// differ. RabbitMQ cannot change a queue's arguments, so such a queue is kept, and
+        /// [`apply`] says which policy adds what it lacks.
         ///
         /// [`apply`]: crate::broker::topology::apply
         older: Option<Vec<(&'static str, ArgValue)>>,
@@ -158,13 +157,12 @@ impl fmt::Display for BrokerVersion {
     }
 }
 
-/// How many times a delivery may return to `N.L.intake` or `N.L.due` (a lost connection counts,
-/// on every version measured: 3.10, 4.0, 4.3) before the broker dead-letters it into the
-/// ladder's quarantine, which parks it. The service holds a delivery only until one publish is
-/// confirmed, and parks what it cannot handle, so only a broker or network in trouble returns
-/// a delivery; 100 survives any realistic run of reconnects (on 4.3 a message dead-lettered
-/// into the ladder arrives already carrying its source queue's count, up to that queue's limit,
-/// 20 by default), while a loop that keeps failing on one message still ends in the parking lot.
+/// How many times a delivery may return to `N.L.intake` or `N.L.due` before the broker
+/// dead-letters it into the ladder's quarantine, which parks it; a lost connection counts as a
+/// return. Only a broker or network in trouble returns a delivery, so 100 survives any realistic
+/// run of reconnects. On 4.3 a message dead-lettered into the ladder already carries its source
+/// queue's count (up to 20 by default). A loop that keeps failing on one message still ends in
+/// the parking lot.
 pub const DELIVERY_LIMIT: i64 = 100;
 
 /// Everything the service declares for `ladders` in `namespace` on a broker of `version`, in
@@ -216,10 +214,10 @@ pub fn plan_shared(namespace: &str, ladders: &[LadderSpec], version: BrokerVersi
     out
 }
 
-/// `N.watchdog`, where the session's watchdog publishes its heartbeat (`broker::watchdog`): a
-/// quorum queue on every broker, whatever the ladders' queue type, as only a replicated write
-/// tells a node that can reach its cluster from one that cannot; it keeps at most one message
-/// (each heartbeat drops the one before), and nobody consumes it.
+/// `N.watchdog`, where the session's watchdog publishes its heartbeat (`broker::watchdog`). It
+/// is a quorum queue whatever the ladders' queue type, because only a replicated write tells a
+/// node that reaches its cluster from one that does not. It keeps at most one message, and
+/// nobody consumes it.
 pub fn watchdog_queue(namespace: &str) -> Declaration {
     Declaration::Queue {
         name: Namespace::new(namespace).watchdog,
@@ -270,11 +268,11 @@ pub(crate) fn next_match(ladder: &str, value: &str) -> Vec<(&'static str, ArgVal
     ]
 }
 
-/// The declarations of one ladder (README "How a retry travels"): `N.L`, a headers exchange that
-/// routes a repeat failure by its `retry-next` straight into its tier and passes the rest to its
-/// alternate exchange `N.L.intake`, bound to the intake queue; the quarantine; the queues the
-/// hops consume; and the streams. Declared from the end back, so each alternate exchange exists
-/// before anything can fall into it.
+/// The declarations of one ladder (README "How a retry travels"). `N.L` is a headers exchange:
+/// it routes a repeat failure by its `retry-next` straight into its tier, and the rest through
+/// its alternate exchange `N.L.intake` to the intake queue. Then come the quarantine, the queues
+/// the hops consume and the streams. They are declared from the end back, so each alternate
+/// exchange exists before anything can fall into it.
 pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> Vec<Declaration> {
     let mut out = vec![
         exchange(&names.quarantine, "fanout", None),
@@ -303,10 +301,10 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion) -> 
     out
 }
 
-/// The bindings of `exchange` (`N.L`, or on a deployment upgraded from an older layout the
-/// headers exchange behind it) that route a repeat failure past the intake: into the tier of
-/// each step (none for a jittered ladder, whose intake draws every delay) and to the probes
-/// queue. `retry-next: intake` needs none: what no binding matches goes to the intake, and
+/// The bindings of `exchange` that route a repeat failure past the intake: into the tier of
+/// each step, and to the probes queue. `exchange` is `N.L`, or the headers exchange behind it on
+/// a ladder upgraded from an older layout. A jittered ladder has no step bindings, as its intake
+/// draws every delay. `retry-next: intake` needs none: what no binding matches goes to the intake, and
 /// every binding costs each failure a match.
 fn routes(names: &Names, spec: &LadderSpec, exchange: &str) -> Vec<Declaration> {
     let mut out = Vec::new();
@@ -422,9 +420,9 @@ fn quarantine_queue(names: &Names, spec: &LadderSpec, version: BrokerVersion) ->
     }
 }
 
-/// The ladder's streams: the parking lot, the cancellations (only a ladder with delay levels
-/// schedules; they hold as long as anything can wait, 49 days) and the holds (kept by size: a
-/// hold lasts until it is resumed, and the followers' checkpoints keep every live one within).
+/// The ladder's streams: the parking lot, the cancellations and the holds. Cancellations exist
+/// only with delay levels, and are kept 49 days, the longest wait. Holds are kept by size, as a
+/// hold lasts until it is resumed; the followers' checkpoints keep every live one.
 fn streams(names: &Names, spec: &LadderSpec) -> Vec<Declaration> {
     let stream = ("x-queue-type", ArgValue::Str("stream".into()));
     let mut out = vec![Declaration::Queue {
@@ -452,10 +450,9 @@ fn streams(names: &Names, spec: &LadderSpec) -> Vec<Declaration> {
     out
 }
 
-/// The arguments of a queue where messages wait `tier`: its TTL, dead-lettering into `N.due`
-/// (which routes each message to its own ladder's due queue) when it expires, with the ladder's
-/// queue type and dead-letter strategy — the same for every ladder of its
-/// [`Names::tier_family`], so they share it.
+/// The arguments of a queue where messages wait `tier`: its TTL, and dead-lettering into `N.due`,
+/// which routes each message to its own ladder's due queue. Its queue type and dead-letter
+/// strategy are the same for every ladder of its [`Names::tier_family`], so they share it.
 fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str, ArgValue)> {
     let mut args = vec![
         ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into())),
@@ -477,13 +474,11 @@ fn tier_args(names: &Names, spec: &LadderSpec, tier: &Tier) -> Vec<(&'static str
     args
 }
 
-/// The held queue of `destination` (`N.L.held.<destination>`), declared when the destination is
-/// first held — an operator's action or the automatic hold, never the hot path — and by every
-/// replica that reads the hold, before its due hop may route into it. Like the due queue it
-/// dead-letters into the quarantine past [`DELIVERY_LIMIT`] returns (so no broker drops what it
-/// holds), has no TTL (FIFO: the oldest is released first) and takes one active consumer at a
-/// time (`x-single-active-consumer`), so however many replicas release it, the release rate is
-/// the rate of one.
+/// The held queue of `destination` (`N.L.held.<destination>`). It is declared when the
+/// destination is first held, never on the hot path, and by every replica that reads the hold
+/// before its due hop may route into it. Like the due queue it dead-letters into the quarantine
+/// past [`DELIVERY_LIMIT`] returns. It has no TTL, so the oldest is released first. It takes one
+/// active consumer at a time, so however many replicas release it, the release rate is one's.
 pub fn held_queue(names: &Names, spec: &LadderSpec, destination: &str) -> Declaration {
     let mut args = vec![
         ("x-queue-type", ArgValue::Str(spec.queue_type.as_str().into())),

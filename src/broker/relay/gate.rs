@@ -1,25 +1,20 @@
 //! The due hop's bound on deliveries in flight to one destination queue.
 //!
 //! At most `limit` publishes to one destination wait for their confirms at a time. A delivery
-//! for a destination at its bound waits for one of its slots while the destination is moving —
-//! it freed a slot within the last [`BUSY_WAIT`] — for at most [`BUSY_WAIT`], beside at most
-//! `waiting` others; otherwise it is deferred: put back into a tier. So a healthy queue that is
-//! merely busy (its confirms take longer in a burst) is not sent round a tier, which costs a
-//! publish, a second pass through the due hop and at least the shortest tier's delay; and a
-//! queue that stops confirming keeps, from [`BUSY_WAIT`] after its last confirm on, at most
-//! `limit` of the prefetch: what it has in flight.
+//! for a destination at its bound waits for a slot, for at most [`BUSY_WAIT`] and beside at
+//! most `waiting` others, while the destination is moving (it freed a slot within the last
+//! [`BUSY_WAIT`]). Otherwise it is deferred: put back into a tier. So a healthy queue that is
+//! merely busy is not sent round a tier, which costs a publish, a second pass and a tier's
+//! delay. And a queue that stops confirming keeps at most `limit` of the prefetch.
 //!
-//! It must not publish or decide anything: it only counts. It sits on every due delivery's path,
-//! so a destination below its bound costs one map lookup to enter and one to leave, and no
-//! allocation: an idle destination's entry is kept (up to [`KEEP_IDLE`] of them) for its next
-//! delivery.
+//! It only counts; it publishes and decides nothing. It sits on every due delivery's path, so a
+//! destination below its bound costs one map lookup to enter and one to leave, and no
+//! allocation: an idle destination's entry is kept, up to [`KEEP_IDLE`] of them.
 //!
-//! A waiting delivery has no timer of its own: under load a busy destination has deliveries
-//! waiting all the time, and a timer each (registered in the runtime's wheel, removed when the
-//! slot came first, as it nearly always does) was a cost per delivery. One task per gate, the
-//! sweeper, runs only while some delivery waits: every [`SWEEP_EVERY`] it wakes the waiting
-//! ones, and those whose wait is over give up. So a wait ends within [`SWEEP_EVERY`] after its
-//! [`BUSY_WAIT`].
+//! A waiting delivery has no timer of its own, since a timer per delivery was a cost on every
+//! one. One task per gate, the sweeper, runs only while some delivery waits: every
+//! [`SWEEP_EVERY`] it wakes the waiting ones, and those whose wait is over give up. So a wait
+//! ends within [`SWEEP_EVERY`] after its [`BUSY_WAIT`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -29,10 +24,9 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 /// How long a delivery for a destination at its bound may wait for a slot, and how recently
-/// the destination must have freed one for a delivery to wait at all. Longer than the stalls a
-/// busy broker has now and then (hundreds of milliseconds), so that a burst costs lateness, not
-/// a round trip through a tier; short enough that a queue that stopped confirming gives the
-/// slots of its waiting deliveries back within a second.
+/// the destination must have freed one for a delivery to wait at all. It is longer than a busy
+/// broker's occasional stalls, so that a burst costs lateness, not a round trip through a tier,
+/// and short enough that a queue that stopped confirming gives its slots back within a second.
 pub(crate) const BUSY_WAIT: Duration = Duration::from_secs(1);
 
 /// How often the sweeper wakes the waiting deliveries, while there are any, to end the waits

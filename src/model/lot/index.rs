@@ -1,6 +1,6 @@
-//! A compact in-memory index of one parking lot, built by reading its stream once: one small row
-//! per parked entry (offset, time, destination, reason, hashed ids, resolution) so that listing,
-//! counting and filtering by the indexed fields never rereads the stream.
+//! A compact in-memory index of one parking lot, built by reading its stream once. It keeps one
+//! small row per parked entry (offset, time, destination, reason, hashed ids, resolution), so
+//! listing, counting and filtering by the indexed fields never reread the stream.
 //!
 //! It is a cache, never the state: the stream (entries plus resolution records) is the truth,
 //! and any index can be rebuilt from it. The CLI builds one per command; the running service
@@ -31,11 +31,10 @@ use crate::model::lot::record::{Action, MARKER_FORMAT, Marker, RESOLUTION_FORMAT
 pub const MAX_INDEXED_ENTRIES: usize = 10_000_000;
 
 /// What the index needs of a parked record. It is read with exactly the strictness of
-/// [`Envelope::from_slice`](crate::model::envelope::Envelope::from_slice) — the same fields in the same
-/// order, of the same JSON types, strings and numbers checked as they would be — so that the
-/// index takes a record for an entry exactly when fetching it can show it (a property test
-/// holds the two together); but the body, the properties and the headers are only checked, and
-/// of the headers only a digest is kept.
+/// [`Envelope::from_slice`](crate::model::envelope::Envelope::from_slice), so the index takes a
+/// record for an entry exactly when fetching it can show it (a property test holds the two
+/// together). The body, the properties and the headers are only checked, and of the headers
+/// only a digest is kept.
 #[derive(Deserialize)]
 #[allow(dead_code)] // fields of type `Text` and the like only check the record
 struct Summary {
@@ -139,9 +138,9 @@ impl<'de, T, F: FnOnce() -> T> Visitor<'de> for Checked<F> {
     }
 }
 
-/// The stored properties (any JSON, as the envelope's `Value`): from an object, its message and
-/// correlation ids as lossy text (`crate::model::envelope::short_text`, as the exact check reads them)
-/// and its headers' digest; a key given twice counts once, the last time, as in a `Value`.
+/// The stored properties (any JSON, as the envelope's `Value`). From an object it keeps the
+/// message and correlation ids as lossy text, as the exact check reads them, and the headers'
+/// digest. A key given twice counts once, the last time, as in a `Value`.
 #[derive(Default)]
 struct SummaryProperties {
     message_id: Option<String>,
@@ -397,10 +396,9 @@ impl<'de> Deserialize<'de> for HeaderText {
 }
 
 /// The digest bits of one header `key` with text form `text`: three of 128, from one hash. With
-/// the dozen scalar headers a parked message typically carries (its own and Ladder's
-/// `retry-*`), about 1 row in 100 that lacks a pair still passes the filter; those are read
-/// and rejected by the exact check, so the digest only decides how much is read, never what
-/// matches.
+/// the dozen headers a parked message typically carries, about 1 row in 100 that lacks a pair
+/// still passes; the exact check reads and rejects those. So the digest only decides how much
+/// is read, never what matches.
 pub fn header_bits(key: &str, text: &str) -> u128 {
     let mut h = DefaultHasher::new();
     key.hash(&mut h);

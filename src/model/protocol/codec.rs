@@ -47,11 +47,10 @@ pub(super) const PER_PASS_HEADERS: [&str; 6] = [
     header::RETRY_DEFERRALS,
 ];
 
-/// Properties to replay a parked message with: the same stripping as every republish (broker
-/// headers, `expiration`, `user_id` moved to `retry-original-user-id`, persistent), minus the
-/// per-pass ladder headers (`PER_PASS_HEADERS`) so the attempt count starts again (lineage:
-/// `retry-first-failed-at` and `retry-history` stay), plus `extra` headers (the caller's
-/// lineage, e.g. `retry-replayed-from`).
+/// Properties to replay a parked message with: the same stripping as every republish, without
+/// the per-pass ladder headers (`PER_PASS_HEADERS`) so that the attempt count starts again, and
+/// with `extra` headers such as `retry-replayed-from`. The lineage (`retry-first-failed-at`,
+/// `retry-history`) stays.
 pub fn replay_properties(props: &BasicProperties, extra: &[(&str, FieldValue)]) -> BasicProperties {
     let mut out = republished_headers(&props.headers_or_empty());
     for key in PER_PASS_HEADERS {
@@ -88,9 +87,8 @@ pub fn no_route(
         destination: Some(forward.destination.clone()),
         attempts: Some(attempts),
         first_failed_at_ms: first_failed_at_of(&forward.properties).or_else(|| first_failed_at_of(received)),
-        // as received (the envelope stores the received message, not the forward); but a
-        // failure the broker routed past the intake was counted here, so its history is the
-        // counted one, as the intake's park of the same return would have it
+        // as received, since the envelope stores the received message; but a failure taken in
+        // here was counted here, so its history is the counted one, as at the intake
         history: match history_of(&forward.properties) {
             counted if forward.counted == Counted::Here && !counted.is_empty() => counted,
             _ => history_of(received),
@@ -294,7 +292,7 @@ pub(super) fn appended_history(
 
 /// Whether `text` is a history exactly as [`format_history`] writes it, with room for one more
 /// entry: at least one and fewer than [`MAX_HISTORY_ENTRIES`] entries, each of which
-/// [`parse_history`] reads back to the same text (no spaces, no leading zeros, no overflow).
+/// [`parse_history`] reads back to the same text.
 pub(super) fn is_written_history(text: &str) -> bool {
     let canonical_number = |n: &str| {
         !n.is_empty()

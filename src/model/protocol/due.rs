@@ -16,8 +16,8 @@ impl<'a> HopContext<'a> {
     }
 
     /// Due: a message whose due time is still ahead waits again, in the longest tier that does
-    /// not overshoot; one that is due is checked again (the allow-list may have changed),
-    /// stripped of what the tier's dead-lettering added, and delivered — or parked.
+    /// not overshoot. One that is due is checked again (the allow-list may have changed),
+    /// stripped of what the tier's dead-lettering added, and delivered, or parked.
     pub fn due_at(&self, props: &BasicProperties, arrival: &Arrival<'_>) -> Decision<'a> {
         if let Some(failure) = self.routed_failure(props, arrival.routing_key) {
             return self.take_in_after_wait(props, arrival, failure);
@@ -206,9 +206,9 @@ impl<'a> HopContext<'a> {
         )
     }
 
-    /// A failure the broker routed past the intake, taken in as the intake would have at the
-    /// moment it failed (`failure.waited_ms` before now): validated, its attempt counted, its
-    /// delay chosen — then delivered when that delay is over, or waiting for what remains of it.
+    /// A failure the broker routed past the intake, taken in as the intake would have taken it
+    /// when it failed (`failure.waited_ms` before now): validated, its attempt counted, its delay
+    /// chosen. It is then delivered if that delay is over, or waits for what remains.
     fn take_in_after_wait(
         &self,
         props: &BasicProperties,
@@ -260,9 +260,9 @@ impl<'a> HopContext<'a> {
         Decision::Forward(forward)
     }
 
-    /// Due: the message cannot be delivered now (`reason`), so it waits in a tier again without
-    /// an attempt being counted: the shortest tier when the destination is busy, and one tier
-    /// longer for each refusal of the same attempt (`retry-deferrals`) when it refuses.
+    /// Due: the message cannot be delivered now (`reason`), so it waits in a tier again, no
+    /// attempt counted. A busy destination's waits in the shortest tier; a refused one waits one
+    /// tier longer for each refusal of the same attempt (`retry-deferrals`).
     pub fn defer(&self, props: &BasicProperties, reason: DeferReason, now_ms: u64) -> Forward<'a> {
         let headers = props.headers_or_empty();
         let h: &FieldTable = &headers;

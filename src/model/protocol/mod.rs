@@ -62,17 +62,16 @@ pub mod header {
     /// Where this message's next failure waits (ladder, on every delivery of a retry): the name
     /// of a tier of its ladder, or `intake`. `N.L` routes a failure carrying it (and the
     /// `retry-ladder` of that ladder) straight into that tier, so a repeat failure skips the
-    /// intake; the due hop then does the intake's work for it. Never on a wait the service
-    /// schedules, so a message that comes due with it is known to be a failure — and one that
-    /// comes due without it is a wait the service scheduled, which only a publisher to the
-    /// tiers exchange can forge (as before).
+    /// intake; the due hop then does the intake's work for it. It is never on a wait the
+    /// service schedules, so a message that comes due with it is a failure. One that comes due
+    /// without it is a wait the service scheduled, which only a publisher to the tiers can forge.
     pub const RETRY_NEXT: &str = "retry-next";
     /// The value of [`RETRY_NEXT`] that sends a failure to the intake (its ladder is exhausted,
     /// or its next delay is drawn there).
     pub const NEXT_INTAKE: &str = "intake";
-    /// The value of [`RETRY_NEXT`] on a probe of the automatic hold: its failure goes to the
-    /// ladder's `N.L.probes`, which the intake hop serves with nothing queued ahead of it, so
-    /// the hold hears of a failed probe at once even while the intake has a backlog.
+    /// The value of [`RETRY_NEXT`] on a probe of the automatic hold. Its failure goes to the
+    /// ladder's `N.L.probes`, which the intake hop serves with nothing queued ahead, so the hold
+    /// hears of a failed probe at once, even while the intake has a backlog.
     pub const NEXT_PROBE: &str = "probe";
     /// The attempt history (ladder): a long string of `<attempt>:<tier>:<failed_at_ms>` entries
     /// joined by `,`, oldest first, one appended per retry scheduled, at most
@@ -111,10 +110,8 @@ pub mod header {
 pub const MAX_HEADER_DEPTH: usize = 32;
 
 /// `retry-history` keeps only this many entries, the newest. 16 covers every retry of a
-/// typical ladder, and of a replay or two, while bounding the header however often a message
-/// fails: an entry is at most 59 bytes with its comma (a 20-digit attempt, a tier name of at
-/// most `MAX_HISTORY_TIER_BYTES`, a 20-digit time; a real one is about 25), so the header stays
-/// under 1 KB, a small share of the default 16 KiB `max_header_bytes`.
+/// typical ladder and of a replay or two. An entry is at most 59 bytes, so the header stays
+/// under 1 KB however often a message fails, a small share of the default `max_header_bytes`.
 pub const MAX_HISTORY_ENTRIES: usize = 16;
 
 /// A `retry-history` entry whose tier name is longer than this is dropped as garbage. The
@@ -334,10 +331,9 @@ pub enum Counted {
 }
 
 /// What a [`Forward`] carries over as received: every header but the broker's
-/// ([`is_stripped`]) and those the forward writes anew (`except`), and — when the received
-/// properties are already what a republish writes (persistent, no `expiration`, no
-/// `user_id`: a retry the ladder published itself, or most failures) — the other properties
-/// too.
+/// ([`is_stripped`]) and those the forward writes anew (`except`). When the received properties
+/// are already what a republish writes (persistent, no `expiration`, no `user_id`), the other
+/// properties are carried too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Carry {
     except: &'static [&'static str],
@@ -366,7 +362,7 @@ impl Forward<'_> {
 
     /// Calls `publish` with what the relay publishes for this forward of a delivery with
     /// `received` properties: the properties whose fields are written, and the headers carried
-    /// over from `received` before the forward's own — or none, and the fields' own headers.
+    /// over from `received` before the forward's own (or none, and the fields' own headers).
     pub fn publishing<R>(
         &self,
         received: &BasicProperties,
