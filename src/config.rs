@@ -163,9 +163,9 @@ pub struct AmqpConfig {
     /// A connection on which the broker sent nothing for this long is dead: the service fails
     /// over to the next node (a silent cut: a partition, a lost machine).
     pub heartbeat_timeout: Duration,
-    /// A hop with work waiting (unconfirmed publishes, or ready messages it is not given) that
-    /// makes no progress for this long is stalled: the service is not ready, says why, and fails
-    /// over to the next node (a node that cannot reach its queues' leaders).
+    /// A hop with work waiting that makes no progress for this long is stalled: the service is
+    /// not ready, says why, and fails over to the next node (the node may not reach its queues'
+    /// leaders).
     pub stall_timeout: Duration,
     /// Certificates for `amqps://` brokers (`amqp.tls`); `None`: the platform's CA roots and
     /// no client certificate.
@@ -367,9 +367,9 @@ struct RawAutoHold {
     max_hold: Option<humantime_serde::Serde<Duration>>,
 }
 
-/// The automatic hold's defaults: failures ≥ 90 % of ≥ 50 deliveries within a minute trip it
-/// (fewer deliveries say too little; a minute spans several retries of a short first step); a
-/// probe every 10 s once held for the window; the minimum hold doubles on each trip up to 10 m.
+/// The automatic hold's defaults. Failures ≥ 90 % of ≥ 50 deliveries within a minute trip it: fewer
+/// deliveries say too little, and a minute spans several retries of a short first step. Once
+/// held for the window it probes every 10 s; the minimum hold doubles on each trip up to 10 m.
 const DEFAULT_AUTO_WINDOW: Duration = Duration::from_secs(60);
 const DEFAULT_AUTO_MIN_DELIVERIES: u32 = 50;
 const DEFAULT_AUTO_FAILURE_PERMILLE: u32 = 900;

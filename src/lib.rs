@@ -18,12 +18,10 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, clippy::unwrap_in_result, missing_docs)]
 
-/// Stack size for every thread that handles a message: header tables are captured into the
-/// parked envelope and decoded, rendered and dropped recursively, and a header may legally nest
-/// about 18 700 levels within one 128 KiB frame (the client itself stops decoding at 64 levels
-/// and hands the rest over as bytes). At 2 MiB a thread overflowed at 1 000 levels in a release
-/// build, which aborted the process; the memory is reserved, not committed, so a large value
-/// costs nothing until used.
+/// Stack size for every thread that handles a message. Header tables are captured into the
+/// parked envelope and decoded, rendered and dropped recursively, and a header may nest about
+/// 18 700 levels within one frame; 2 MiB overflowed at 1 000. The memory is reserved, not
+/// committed, so a large value costs nothing until used.
 pub const DEEP_STACK_BYTES: usize = 256 * 1024 * 1024;
 
 pub mod admin;

@@ -1,8 +1,8 @@
 //! AMQP 0-9-1 field values, as RabbitMQ encodes them, with their wire codec.
 //!
-//! Strings are bytes. The specification calls short strings UTF-8, but RabbitMQ (and pika, and
-//! the Java client) pass any bytes through, so a decoder that insisted on UTF-8 would have to fail
-//! a whole frame — and with it the connection — for one odd `message_id`. Here nothing a broker
+//! Strings are bytes. The specification calls short strings UTF-8, but RabbitMQ, pika and the
+//! Java client pass any bytes through. A decoder that insisted on UTF-8 would fail a whole frame,
+//! and with it the connection, for one odd `message_id`. Here nothing a broker
 //! sends is refused for its text; callers ask [`ShortString::to_str`] when they need text.
 //!
 //! The table type codes are RabbitMQ's (its errata to the 0-9-1 specification): `s` is a signed
@@ -37,9 +37,9 @@ static SHARED_KEYS: std::sync::OnceLock<SharedKeys> = std::sync::OnceLock::new()
 /// Slots of [`SharedKeys`]: a power of two, at least four times the keys it may hold.
 const SHARED_SLOTS: usize = 256;
 
-/// The shared keys, in an open-addressed table: a lookup hashes a key's length and three of
-/// its bytes and compares at most a few candidates of the same length, so a key that is not
-/// shared costs about as little as one that is.
+/// The shared keys, in an open-addressed table. A lookup hashes a key's length and three of its
+/// bytes and compares a few candidates, so a key that is not shared costs as little as one
+/// that is.
 struct SharedKeys {
     slots: Box<[Option<&'static [u8]>; SHARED_SLOTS]>,
 }
@@ -560,9 +560,9 @@ impl FieldTable {
 const TABLE_SLACK: usize = 8;
 
 impl FromIterator<(ShortString, FieldValue)> for FieldTable {
-    /// Allocates once for as many entries as the iterator may yield (a filter of a table: at
-    /// most the table's), plus `TABLE_SLACK`: growing entry by entry would reallocate at
-    /// 4, 8 and 16 entries, which the headers of a dead-lettered message reach.
+    /// Allocates once for as many entries as the iterator may yield, plus `TABLE_SLACK`. Growing
+    /// entry by entry would reallocate at 4, 8 and 16 entries, which a dead-lettered message's
+    /// headers reach.
     fn from_iter<I: IntoIterator<Item = (ShortString, FieldValue)>>(iter: I) -> Self {
         let iter = iter.into_iter();
         let (low, high) = iter.size_hint();

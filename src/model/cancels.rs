@@ -115,15 +115,14 @@ impl Cancellations {
 }
 
 /// [`Cancellations`] shared between the follower that fills it and the relay loops that read
-/// it; the lock is never held across an await, and `caught_up` says whether the follower has
-/// read the stream to where it ended when following began (until then a due message may not be
-/// delivered: a cancellation written before a restart could still be unread).
+/// it; the lock is never held across an await. `caught_up` says whether the follower has read
+/// the stream to where it ended when following began. Until then no due message is delivered,
+/// as a cancellation written before a restart could still be unread.
 #[derive(Debug, Default)]
 pub struct SharedCancellations {
     inner: RwLock<Cancellations>,
-    /// How many ids `inner` holds, written under its write lock: every hop of every message
-    /// asks whether there are any, and an atomic load shares the cache line for reading where
-    /// taking the read lock wrote the lock's word from both hops' threads.
+    /// How many ids `inner` holds, written under its write lock. Every hop of every message asks
+    /// whether there are any, and an atomic load is cheaper than taking the read lock.
     held: std::sync::atomic::AtomicUsize,
     caught_up: std::sync::atomic::AtomicBool,
 }

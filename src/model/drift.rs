@@ -2,10 +2,9 @@
 //! prune` may remove of it.
 //!
 //! RabbitMQ cannot list a vhost's queues over AMQP, so a namespace remembers what it declared in
-//! its topology stream `N.topology` (see [`Namespace`]): every `ladder run` and `ladder
-//! apply` appends a `declared` record holding everything the namespace knows of (what the
-//! stream said, with its own plan added) when its plan adds something, and `ladder prune`
-//! appends a `pruned` record naming what it deleted. The fold of the stream is a [`Registry`];
+//! its topology stream `N.topology` (see [`Namespace`]). When its plan adds something, `ladder
+//! run` and `ladder apply` append a `declared` record holding everything the namespace knows of.
+//! `ladder prune` appends a `pruned` record naming what it deleted. The fold of the stream is a [`Registry`];
 //! what it knows and the plan does not name is *retired*. A record holds the whole known set, so
 //! a retention that cut the stream's oldest records loses nothing the newest one knows.
 //!
@@ -332,9 +331,9 @@ impl PruneStep {
 /// What `ladder prune` would do with `retired` (as [`report`] made it): queues first, then the
 /// exchanges of ladders whose queues all go (their way in first, so nothing new enters).
 ///
-/// It keeps a queue that holds messages or is read by a consumer, a parking lot (a stream whose
-/// entries it cannot count) unless `with_parking_lot`, and the exchanges of a retired ladder
-/// while any of its queues is kept (a kept parking lot aside: nothing routes into it).
+/// It keeps a queue that holds messages or has a consumer, and a parking lot unless
+/// `with_parking_lot`, as it cannot count a stream's entries. It keeps a retired ladder's
+/// exchanges while any of its queues is kept, a parking lot aside (nothing routes into it).
 pub fn prune_plan(retired: &[Retired], with_parking_lot: bool) -> Vec<PruneStep> {
     let mut steps = Vec::new();
     let mut ladders_kept = BTreeSet::new();

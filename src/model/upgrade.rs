@@ -3,20 +3,20 @@
 //!
 //! Today (layout 3) `N.L` is a headers exchange that routes a repeat failure into its tier and
 //! passes the rest to its alternate exchange `N.L.intake`. Every release before declared `N.L`
-//! as a fanout exchange, and RabbitMQ cannot change an exchange's type, so a ladder of before
-//! keeps a forwarding layer for good: `N.L` (fanout) → `N.L.next` (headers, carrying today's
-//! routes) → its alternate `N.L.first` → the intake. The layouts of before:
-//! - 903c5df and earlier, before the topology stream: `N.L` bound straight to `N.L.intake`, and
-//!   each ladder's own tiers `N.L.delay.<tier>` bound to `N.L.tiers`, dead-lettering into the
-//!   fanout exchange `N.L.due`;
-//! - the releases up to a2d534d, which recorded what they declared: `N.L.next` bound to a
+//! as a fanout exchange, and RabbitMQ cannot change an exchange's type. So a ladder of before
+//! keeps a forwarding layer for good: `N.L` (fanout) → `N.L.next` (headers, today's routes) →
+//! its alternate `N.L.first` → the intake. The layouts of before:
+//! - 903c5df and earlier, before the topology stream. `N.L` was bound straight to `N.L.intake`,
+//!   and each ladder's own tiers `N.L.delay.<tier>` to `N.L.tiers`; they dead-lettered into the
+//!   fanout exchange `N.L.due`.
+//! - The releases up to a2d534d, which recorded what they declared. `N.L.next` was bound to a
 //!   ladder's own tiers, later `N.L.first` → `N.L.sort` → the intake or a first wait
-//!   `N.L.wait.<tier>` (`first_failures = "direct"`), which dead-letters into `N.L.due` with
-//!   the routing key `wait.<tier>`.
+//!   `N.L.wait.<tier>` (`first_failures = "direct"`). A first wait dead-letters into `N.L.due`
+//!   with the routing key `wait.<tier>`.
 //!
-//! Moving on is binding the forwarding layer, each way in of before unbound right after the one
-//! that replaces it is bound (so a failure published in between reaches both, a duplicate,
-//! never neither). While a replica of
+//! Moving on binds the forwarding layer and unbinds each way in of before right after the one
+//! that replaces it is bound. A failure published in between reaches both, a duplicate, never
+//! neither. While a replica of
 //! before still runs, `N.L.tiers` stays bound to the shared tiers it publishes into. What waited
 //! in the old tiers and first waits still comes due through `N.L.due`, and `ladder prune`
 //! deletes them once they are empty.
@@ -79,14 +79,14 @@ impl OldNames {
 }
 
 impl Before {
-    /// From what the topology stream says (`None`: it could not be read), and, asked only when
-    /// the stream does not know the ladder, whether its `N.L` is a fanout exchange of before
-    /// (`Some(true)`), today's (`Some(false)`) or missing (`None`): the broker's word, so that a
-    /// stream that cannot be read never has today's `N.L` declared as a fanout, or the reverse.
+    /// From what the topology stream says (`None`: it could not be read). When the stream does not
+    /// know the ladder, the broker is asked whether its `N.L` is a fanout exchange of before
+    /// (`Some(true)`), today's (`Some(false)`) or missing (`None`). So a stream that cannot be read
+    /// never has today's `N.L` declared as a fanout, or the reverse.
     ///
-    /// A ladder the stream knows with `N.L.next` keeps its forwarding layer for good (its `N.L`
-    /// is a fanout), and every start unbinds the ways in of before again: a replica of before
-    /// that restarts during a rolling deploy binds them again.
+    /// A ladder the stream knows with `N.L.next` keeps its forwarding layer for good. Every start
+    /// unbinds the ways in of before again, as a replica of before that restarts during a rolling
+    /// deploy binds them again.
     pub async fn of<E>(
         registry: Option<&Registry>,
         names: &Names,
@@ -169,12 +169,12 @@ pub fn plan_ladder(names: &Names, spec: &LadderSpec, version: BrokerVersion, bef
     out
 }
 
-/// The forwarding layer of a fanout `N.L`, each alternate exchange bound before anything can
-/// fall into it, and each way in of before unbound right after the one that replaces it is
-/// bound (a failure routed in between reaches both, a duplicate, never neither): `N.L.tiers` to
-/// the shared tiers (a replica of before publishes there) before its own tiers; `N.L` to
-/// `N.L.next` before `N.L` to the intake, while `N.L.next` routes nothing yet, so that both lead
-/// into the intake, which the broker then enqueues once. Today's routes come after.
+/// The forwarding layer of a fanout `N.L`. Each alternate exchange is bound before anything can
+/// fall into it, and each way in of before is unbound right after the one that replaces it is
+/// bound: a failure routed in between reaches both, a duplicate, never neither. `N.L.tiers` is
+/// bound to the shared tiers (where a replica of before publishes) before its own tiers are
+/// unbound. `N.L` is bound to `N.L.next` while that routes nothing yet, so both lead into the
+/// intake, which the broker enqueues once. Today's routes come after.
 fn forwarding(names: &Names, spec: &LadderSpec, old: &OldNames) -> Vec<Declaration> {
     let own = |tier: &str| names.own_tier_queue_named(tier);
     let mut out = vec![exchange(&old.tiers, "direct", None)];
@@ -245,10 +245,10 @@ pub fn wait_queue(names: &Names, tier: &str) -> String {
     format!("{}.wait.{tier}{}", names.exchange, names.tier_family)
 }
 
-/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits (by
-/// `retry-next` from `N.L`; on a ladder of an older layout from `N.L.next`, and by tier name from
-/// `N.L.tiers`): what `ladder prune` removes before it looks a last time whether a retired
-/// tier is empty and deletes it. Unbinding one that does not exist is no error.
+/// The bindings by which ladder `ladder` routes into `queue`, where tier `tier` waits: by
+/// `retry-next` from `N.L`, or on a ladder of an older layout from `N.L.next` and by tier name
+/// from `N.L.tiers`. `ladder prune` removes them before it looks a last time whether a retired
+/// tier is empty. Unbinding one that does not exist is no error.
 pub fn tier_inflows(names: &Names, ladder: &str, tier: &str, queue: &str, older: bool) -> Vec<Declaration> {
     if !older {
         return vec![plan::route(&names.exchange, queue, ladder, tier)];
