@@ -52,10 +52,10 @@ use gate::{BUSY_WAIT, DestinationGate, GatePermit};
 /// First pause before publishing again after the broker nacked a publish into a tier or
 /// refused a park (the stream is missing). The delivery is held, not requeued: a requeue would
 /// come straight back, and counts against a quorum queue's delivery limit.
-const RETRY_MIN: Duration = Duration::from_millis(500);
+pub(crate) const RETRY_MIN: Duration = Duration::from_millis(500);
 
 /// The pause doubles up to this; the held delivery occupies one prefetch slot meanwhile.
-const RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// A body larger than this is parked as a record of its own, before the envelope that names
 /// it. In base64 inside the envelope it would pass RabbitMQ's `max_message_size` long before

@@ -4,21 +4,18 @@
 //! to that ladder, whose due hop then decides it with its own checks.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ladder_amqp::{Channel, Confirmation, Connection, Delivery, FieldTable};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::broker::relay::LadderRuntime;
+use crate::broker::connect::CLOSE_TIMEOUT;
+use crate::broker::relay::{LadderRuntime, RETRY_MAX, RETRY_MIN};
 use crate::model::backoff::Backoff;
 use crate::model::protocol::{self, header};
 
 /// Strays moved at once: they are rare, and one at a time keeps their order.
 const PREFETCH: u16 = 16;
-
-/// How long closing the channel may take.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The ladder a stray with `headers` belongs to: the one its `retry-ladder` names, else the
 /// first whose allow-list admits its `retry-to`, else the first (whose due hop parks it as not
@@ -77,7 +74,7 @@ async fn move_one(
     delivery: &Delivery,
     stop: &CancellationToken,
 ) -> ladder_amqp::Result<bool> {
-    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
         let confirm = match &delivery.undecodable {
             None => {

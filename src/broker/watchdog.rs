@@ -88,7 +88,7 @@ pub async fn watch(
             dog.forget();
             continue;
         }
-        if dog.heartbeat_when_quiet().await? == Looked::Blocked {
+        if !dog.heartbeat_when_quiet().await? {
             continue;
         }
         if let Looked::Refused(refused_stall) = dog.look().await? {
@@ -98,7 +98,6 @@ pub async fn watch(
 }
 
 /// What a look found, when no hop stalled.
-#[derive(PartialEq)]
 enum Looked {
     /// An alarm came while the look waited: judged again at the next tick.
     Blocked,
@@ -132,8 +131,9 @@ impl Watchdog<'_> {
     }
 
     /// Publishes a heartbeat when any hop is quiet (at most once per `HEARTBEAT_EVERY`): a node
-    /// that cannot reach a quorum confirms none. `Err`: it did not confirm in time.
-    async fn heartbeat_when_quiet(&mut self) -> Result<Looked, String> {
+    /// that cannot reach a quorum confirms none. `Ok(false)`: an alarm came while it waited, so
+    /// the tick is judged again at the next; `Err`: it did not confirm in time.
+    async fn heartbeat_when_quiet(&mut self) -> Result<bool, String> {
         let any_quiet = self.ladders.iter().zip(self.progress.iter()).any(|(ladder, hops)| {
             Hop::ALL.into_iter().zip(hops.iter()).any(|(hop, p)| {
                 let metrics = ladder.metrics.hop(hop);
@@ -141,16 +141,16 @@ impl Watchdog<'_> {
             })
         });
         let Some(queue) = self.heartbeat_queue else {
-            return Ok(Looked::Refused(None));
+            return Ok(true);
         };
         if !any_quiet || self.beat_at.is_some_and(|at| at.elapsed() < HEARTBEAT_EVERY) {
-            return Ok(Looked::Refused(None));
+            return Ok(true);
         }
         self.beat_at = Some(tokio::time::Instant::now());
         match heartbeat(self.connection, &mut self.channel, queue, self.stall_timeout).await {
-            Ok(()) => Ok(Looked::Refused(None)),
+            Ok(()) => Ok(true),
             // an alarm came while the heartbeat waited: its publish is held, not lost
-            Err(_) if self.connection.is_blocked() => Ok(Looked::Blocked),
+            Err(_) if self.connection.is_blocked() => Ok(false),
             Err(e) => {
                 let reason = format!(
                     "stalled: the node did not confirm a heartbeat into {queue} within {}s: {e}",

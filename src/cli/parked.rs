@@ -422,14 +422,6 @@ impl Side<'_> {
         Ok(())
     }
 
-    /// Who asked, as the stream's record names them.
-    fn by(&self, by: Option<String>) -> String {
-        match self {
-            Side::Stream { user, .. } => by.or_else(|| user.clone()).unwrap_or_else(|| "unknown".into()),
-            Side::Service { .. } => String::new(),
-        }
-    }
-
     async fn list(&self, filter: &FilterArgs, offset: usize, limit: usize, all: bool) -> anyhow::Result<parking::Page> {
         let built = filter.build(&[])?.with_entries(entries(all));
         Ok(match self {
@@ -475,7 +467,7 @@ impl Side<'_> {
     }
 
     async fn replay(&self, replay: Replay, progress: &Progress) -> anyhow::Result<Done> {
-        let (lot, ladder, max_header_bytes) = match self {
+        let (lot, ladder, max_header_bytes, user) = match self {
             Side::Service { service, token } => {
                 let token = token.context("replay through the API needs a token")?;
                 let job = follow(service, &replay.api_action(), token, replay.api_request()?, progress).await?;
@@ -486,8 +478,8 @@ impl Side<'_> {
                 lot,
                 ladder,
                 max_header_bytes,
-                ..
-            } => (lot, *ladder, *max_header_bytes),
+                user,
+            } => (lot, *ladder, *max_header_bytes, user),
         };
         let filter = replay.filter.build(&replay.offsets)?;
         let options = parking::ReplayOptions {
@@ -498,7 +490,7 @@ impl Side<'_> {
                 .transpose()
                 .map_err(parking::ParkingError::from)?,
             dry_run: replay.dry_run,
-            by: self.by(replay.by),
+            by: asked_by(replay.by, user),
             edit: replay.edit.map(|(set_headers, body)| ladder::model::lot::edit::Edit {
                 headers: None,
                 set_headers,
@@ -548,9 +540,9 @@ impl Side<'_> {
                 let left_over = job.left_over;
                 Ok(Ok((job.outcomes(), left_over)))
             }
-            Side::Stream { lot, ladder, .. } => {
+            Side::Stream { lot, ladder, user, .. } => {
                 let filter = filter.build(offsets)?;
-                let who = self.by(by);
+                let who = asked_by(by, user);
                 let done = lot
                     .act(&filter, &who, parking::ActIndex::Fresh, async |index, selection| {
                         if !yes && !selection.entries.is_empty() {
@@ -640,6 +632,11 @@ async fn confirm_discard(
         Answer::Yes => Ok(Ok(Some(shown.iter().map(|e| e.offset).collect()))),
         answer => Ok(Err(answer)),
     }
+}
+
+/// Who asked, as a record on the stream names them: `--by`, else `$USER`.
+fn asked_by(by: Option<String>, user: &Option<String>) -> String {
+    by.or_else(|| user.clone()).unwrap_or_else(|| "unknown".into())
 }
 
 /// The entries `--all` asks for.
