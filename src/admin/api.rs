@@ -9,7 +9,7 @@
 //! - `POST /api/ladders/{ladder}/parked/discard` — discard by offsets and/or a filter;
 //! - `GET  /api/ladders/{ladder}/parked/jobs[/{id}]` — replays and discards running or ended;
 //! - `POST /api/ladders/{ladder}/scheduled/cancel` — cancel a scheduled delivery by message id;
-//! - `GET  /api/openapi.json` — this API described (OpenAPI 3, [`crate::admin::openapi`]).
+//! - `GET  /api/openapi.json` — this API described (OpenAPI 3.1, [`crate::admin::openapi`]).
 //!
 //! Every error under `/api` is `{"error": "..."}` JSON, whoever answers it: a handler, an
 //! extractor (a body, path or query that does not parse is 400; a body that is not
@@ -29,7 +29,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use subtle::ConstantTimeEq;
 use tracing::warn;
 
@@ -57,6 +57,68 @@ pub struct ListQuery {
     pub filter: Filter,
     /// Which page.
     pub page: PageRequest,
+}
+
+/// The filters of a listing's query, as [`parse_query`] reads them (it reads the pairs itself,
+/// as `header` repeats): for the description only.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[expect(dead_code, reason = "describes the query parse_query reads")]
+pub(crate) struct FilterParams {
+    /// The queue it was headed for.
+    destination: Option<String>,
+    /// The parking reason (`max-attempts`, `no-route`, …).
+    reason: Option<String>,
+    /// The original message id.
+    message_id: Option<String>,
+    /// The original correlation id.
+    correlation_id: Option<String>,
+    /// An original header's text value, `key=value`; repeatable, all must match.
+    #[param(style = Form, explode, inline, value_type = Option<Vec<HeaderFilter>>)]
+    header: Option<Vec<String>>,
+    /// A substring of the (UTF-8) body.
+    body: Option<String>,
+    /// Parked at or after: RFC 3339, or a duration ago (`2h`).
+    since: Option<String>,
+    /// Parked at or before: RFC 3339, or a duration ago (`10m`).
+    until: Option<String>,
+    /// Only these stream offsets, comma-separated.
+    #[param(pattern = r"^[\s,]*(\+?[0-9]+[\s,]*)*$")]
+    offsets: Option<String>,
+    #[param(schema_with = resolved_words)]
+    resolved: Option<String>,
+}
+
+/// One `header` filter as the server reads it: empty (ignored), or a non-empty key, `=` and any
+/// value.
+#[derive(utoipa::ToSchema)]
+#[schema(pattern = r"^(\s*|[^=]+=[\s\S]*)$")]
+#[expect(dead_code, reason = "describes the query parse_query reads")]
+pub(crate) struct HeaderFilter(String);
+
+/// `resolved`'s words, as [`parse_query`] reads them (`""` is one, which a derived enum cannot
+/// name).
+fn resolved_words() -> utoipa::openapi::Object {
+    let mut schema = crate::model::words_schema(["include", "true", "yes", "on", "false", "no", "off", ""]);
+    schema.description = Some(
+        "`include` (or `true`, `yes`, `on`): replayed and discarded entries too, with their resolution; \
+         `false`, `no`, `off` or empty: unresolved ones only (the default)"
+            .into(),
+    );
+    schema
+}
+
+/// The paging of a listing's query, as [`parse_query`] reads it: for the description only.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[expect(dead_code, reason = "describes the query parse_query reads")]
+pub(crate) struct PageParams {
+    /// Newest matches to skip.
+    #[param(minimum = 0, default = 0)]
+    offset: Option<u64>,
+    /// Entries to return (at most `MAX_PAGE_SIZE`).
+    #[param(minimum = 0)]
+    limit: Option<u64>,
 }
 
 /// Parses a listing's query parameters: `destination`, `reason`, `message_id`,
@@ -138,6 +200,41 @@ pub fn authorize<'a>(tokens: &'a [OperatorToken], presented: Option<&str>) -> Re
 /// An error as JSON, `{"error": "..."}`, with the status that fits it.
 pub struct ApiError(StatusCode, String);
 
+/// Every error under `/api`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong, for a person.
+    pub(crate) error: String,
+}
+
+pub(crate) use responses::{BadRequest, Conflict, Internal, NotFound, Unavailable};
+
+/// The error answers the handlers describe: types for the description, never built (an
+/// [`ApiError`] is).
+mod responses {
+    #![expect(dead_code, reason = "the description reads their types, nothing builds them")]
+
+    /// A path parameter, query or body that does not parse or is not allowed.
+    #[derive(utoipa::ToResponse)]
+    pub(crate) struct BadRequest(super::ErrorBody);
+
+    /// No such ladder, entry, job or route.
+    #[derive(utoipa::ToResponse)]
+    pub(crate) struct NotFound(super::ErrorBody);
+
+    /// Another replay or discard of the ladder runs, or the destination is not held.
+    #[derive(utoipa::ToResponse)]
+    pub(crate) struct Conflict(super::ErrorBody);
+
+    /// A record in the stream does not decode.
+    #[derive(utoipa::ToResponse)]
+    pub(crate) struct Internal(super::ErrorBody);
+
+    /// The broker is unreachable or did not answer in time.
+    #[derive(utoipa::ToResponse)]
+    pub(crate) struct Unavailable(super::ErrorBody);
+}
+
 impl ApiError {
     /// An error answered with `status`.
     pub(crate) fn new(status: StatusCode, text: String) -> Self {
@@ -169,7 +266,7 @@ impl From<ParkingError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.0, Json(json!({ "error": self.1 }))).into_response();
+        let mut response = (self.0, Json(ErrorBody { error: self.1 })).into_response();
         if self.0 == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -230,7 +327,7 @@ pub(crate) async fn json_errors(request: axum::extract::Request, next: axum::mid
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     );
-    let body = serde_json::to_vec(&json!({ "error": message })).unwrap_or_default();
+    let body = serde_json::to_vec(&ErrorBody { error: message }).unwrap_or_default();
     Response::from_parts(parts, axum::body::Body::from(body))
 }
 
@@ -353,29 +450,37 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ApiQuery {
 }
 
 /// `{ladder}` in a path.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct LadderPath {
-    ladder: String,
+    /// The ladder's name (its file stem).
+    pub(crate) ladder: String,
 }
 
 /// `{ladder}/parked/{offset}` in a path.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct EntryPath {
+    /// The ladder's name (its file stem).
     ladder: String,
+    /// The entry's stream offset.
     #[serde(deserialize_with = "path_number")]
     offset: u64,
 }
 
 /// `{ladder}/parked/jobs/{id}` in a path.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct JobPath {
+    /// The ladder's name (its file stem).
     ladder: String,
+    /// The job's id.
     #[serde(deserialize_with = "path_number")]
     id: u64,
 }
 
 /// The listing's answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct ListView {
     total: u64,
     entries: Vec<ParkedEntry>,
@@ -386,6 +491,20 @@ pub(crate) struct ListView {
     caught_up: bool,
 }
 
+/// A page of parked entries matching the filters, newest first.
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/parked",
+    operation_id = "listParked",
+    params(LadderPath, FilterParams, PageParams),
+    responses(
+        (status = 200, description = "the page and how many match", body = ListView),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn list(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
@@ -404,7 +523,7 @@ pub(crate) async fn list(
 }
 
 /// The counts' answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct CountsView {
     #[serde(flatten)]
     counts: Counts,
@@ -414,8 +533,22 @@ pub(crate) struct CountsView {
     caught_up: bool,
 }
 
-/// `GET /api/ladders/{ladder}/parked/counts`: the listing's filters; `offset` and `limit` do
-/// not apply.
+/// How many entries match, in all, per reason and per destination.
+///
+/// The listing's filters; `offset` and `limit` do not apply.
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/parked/counts",
+    operation_id = "countParked",
+    params(LadderPath, FilterParams),
+    responses(
+        (status = 200, description = "the counts, largest first", body = CountsView),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn counts(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
@@ -431,6 +564,20 @@ pub(crate) async fn counts(
     }))
 }
 
+/// One entry in full.
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/parked/{offset}",
+    operation_id = "showParked",
+    params(EntryPath),
+    responses(
+        (status = 200, description = "the entry", body = ParkedEntry),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn show(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(EntryPath { ladder, offset }): ApiPath<EntryPath>,
@@ -438,8 +585,22 @@ pub(crate) async fn show(
     Ok(Json(state.desk.show(&ladder, offset).await?))
 }
 
-/// The original body of one entry, as bytes (`application/octet-stream`): from its envelope, or
-/// read back from the stream when it was stored apart.
+/// The original body of one entry, as bytes.
+///
+/// From its envelope, or read back from the stream when it was stored apart.
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/parked/{offset}/body",
+    operation_id = "parkedBody",
+    params(EntryPath),
+    responses(
+        (status = 200, description = "the body", body = String, content_type = "application/octet-stream"),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn body(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(EntryPath { ladder, offset }): ApiPath<EntryPath>,
@@ -452,37 +613,47 @@ pub(crate) async fn body(
 /// `POST …/replay` and `POST …/discard`: which entries (offsets, filter fields, or both — both
 /// narrow), and how. Every field is named here, so a misspelt one is refused rather than
 /// ignored (an ignored `destinaton` would widen the selection).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ActionRequest {
+    /// Only these stream offsets.
     #[serde(default)]
     offsets: Vec<u64>,
+    /// The queue it was headed for.
     #[serde(default)]
     destination: Option<String>,
+    /// The parking reason.
     #[serde(default)]
     reason: Option<String>,
+    /// The original message id.
     #[serde(default)]
     message_id: Option<String>,
+    /// The original correlation id.
     #[serde(default)]
     correlation_id: Option<String>,
+    /// Original headers' text values; all must match.
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    /// A substring of the (UTF-8) body.
     #[serde(default)]
     body_contains: Option<String>,
+    /// Parked at or after: RFC 3339, or a duration ago (`2h`).
     #[serde(default)]
     since: Option<String>,
+    /// Parked at or before: RFC 3339, or a duration ago (`10m`).
     #[serde(default)]
     until: Option<String>,
-    /// Replay only: another queue to send to.
+    /// Replay only: another queue to send to; it must pass the ladder's allow list.
     #[serde(default)]
     to: Option<String>,
-    /// Replay only: at most this many per second or minute.
+    /// Replay only: at most this many per second, minute or hour (`50/s`).
     #[serde(default)]
     rate: Option<String>,
     /// Replay only: say what would be replayed.
     #[serde(default)]
     dry_run: bool,
-    /// How long to wait for the job before answering 202 (at most [`JOB_WAIT`], the default).
+    /// How long the request waits for the job before answering 202, a duration (at most
+    /// `JOB_WAIT`, the default).
     #[serde(default)]
     wait: Option<String>,
 }
@@ -575,9 +746,11 @@ async fn job_response(state: &AdminState, job: &Job, wait: std::time::Duration) 
 }
 
 /// A job as the API answers it: its view, plus `job` and `status` links.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct JobAnswer {
+    /// The job's id.
     job: u64,
+    /// The job's URL, to poll.
     status: String,
     #[serde(flatten)]
     view: JobView,
@@ -593,6 +766,18 @@ impl From<JobView> for JobAnswer {
     }
 }
 
+/// One job, running or among the last `JOBS_KEPT` ended.
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/parked/jobs/{id}",
+    operation_id = "showJob",
+    params(JobPath),
+    responses(
+        (status = 200, description = "the job", body = JobView),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+    ),
+)]
 pub(crate) async fn job(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(JobPath { ladder, id }): ApiPath<JobPath>,
@@ -600,6 +785,17 @@ pub(crate) async fn job(
     Ok(Json(state.desk.job(&ladder, id)?))
 }
 
+/// This server's replays and discards of the ladder, newest first (running, and the last ended).
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/parked/jobs",
+    operation_id = "listJobs",
+    params(LadderPath),
+    responses(
+        (status = 200, description = "the jobs", body = Vec<JobView>),
+        (status = 404, response = NotFound),
+    ),
+)]
 pub(crate) async fn jobs(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
@@ -608,6 +804,25 @@ pub(crate) async fn jobs(
     Ok(Json(state.desk.jobs(&ladder)))
 }
 
+/// Republish the selected unresolved entries to their queue (or `to`), as a job.
+#[utoipa::path(
+    post,
+    path = "/api/ladders/{ladder}/parked/replay",
+    operation_id = "replayParked",
+    params(LadderPath),
+    request_body = ActionRequest,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "the job ended: every outcome", body = JobAnswer),
+        (status = 202, description = "the job runs on: follow it at `Location` (also `status`)", body = JobAnswer,
+            headers(("Location" = String, description = "the job's URL"))),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn replay(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
@@ -633,6 +848,25 @@ pub(crate) async fn replay(
     job_response(&state, &job, wait).await
 }
 
+/// Mark the selected unresolved entries as discarded, as a job.
+#[utoipa::path(
+    post,
+    path = "/api/ladders/{ladder}/parked/discard",
+    operation_id = "discardParked",
+    params(LadderPath),
+    request_body = ActionRequest,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "the job ended: every outcome", body = JobAnswer),
+        (status = 202, description = "the job runs on: follow it at `Location` (also `status`)", body = JobAnswer,
+            headers(("Location" = String, description = "the job's URL"))),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn discard(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
@@ -651,12 +885,14 @@ pub(crate) async fn discard(
 
 /// `POST …/parked/{offset}/edit-replay`: what to change before replaying one entry. Every
 /// field is named, so a misspelt one is refused rather than ignored.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EditRequest {
     /// The headers to replay with, replacing the original's, in the envelope's typed form
-    /// (what `GET …/parked/{offset}` shows under `envelope.message.properties.headers`).
+    /// (what `GET …/parked/{offset}` shows under `envelope.message.properties.headers`): an
+    /// object of `{"type", "value"}` (or an array of `[key, value]` pairs).
     #[serde(default)]
+    #[schema(schema_with = typed_headers)]
     pub(crate) headers: Option<Value>,
     /// Headers to set to a text value (after `headers`).
     #[serde(default)]
@@ -673,6 +909,14 @@ pub(crate) struct EditRequest {
     /// How long to wait for the job before answering 202.
     #[serde(default)]
     pub(crate) wait: Option<String>,
+}
+
+/// An object or an array, or null.
+fn typed_headers() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Array, Type::Null]))
+        .build()
 }
 
 impl EditRequest {
@@ -763,8 +1007,33 @@ pub(crate) async fn check_edit(
     Ok(())
 }
 
-/// Edits one parked entry's headers or body and replays it; the entry keeps the original and
-/// its resolution records who edited what.
+/// Change one unresolved entry's headers or body, then republish it; the entry keeps the original.
+///
+/// `headers` replaces the original's (in the envelope's typed form, as `GET …/parked/{offset}`
+/// shows them), then `set_headers` sets text values; `body` (text) or `body_base64` replaces the
+/// body. The edit must change something, keep the headers within `limits.max_header_bytes` and
+/// send the message to a queue the ladder allows (`to`, else a `retry-to` the edit sets, else the
+/// recorded destination); else 400 with the reason, before anything is sent. The entry is
+/// resolved as replayed, and its resolution's `edit` names the header keys added, removed and
+/// changed, and the body's length and SHA-256 before and after.
+#[utoipa::path(
+    post,
+    path = "/api/ladders/{ladder}/parked/{offset}/edit-replay",
+    operation_id = "editReplayParked",
+    params(EntryPath),
+    request_body = EditRequest,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "the job ended: every outcome", body = JobAnswer),
+        (status = 202, description = "the job runs on: follow it at `Location` (also `status`)", body = JobAnswer,
+            headers(("Location" = String, description = "the job's URL"))),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn edit_replay(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(EntryPath { ladder, offset }): ApiPath<EntryPath>,
@@ -792,14 +1061,16 @@ pub(crate) async fn edit_replay(
 }
 
 /// `POST …/scheduled/cancel`: which message id.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CancelRequest {
+    /// The scheduled message's id.
+    #[schema(min_length = 1, max_length = 255)]
     message_id: String,
 }
 
 /// A recorded cancellation, as the API answers it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct CancelAnswer {
     ladder: String,
     message_id: String,
@@ -808,9 +1079,27 @@ pub(crate) struct CancelAnswer {
     until_ms: u64,
 }
 
-/// Cancels a scheduled delivery by message id, for every replica: a message with that id is
-/// parked as `cancelled` when it is next handled instead of delivered. Answered once the broker
-/// confirmed the record.
+/// Cancel a scheduled delivery by message id, for every replica.
+///
+/// Records the cancellation in the ladder's stream `N.L.cancels`: a message with this id that is
+/// still waiting is parked as `cancelled` when it is next handled (at the latest when due)
+/// instead of delivered. Answered once the broker confirmed the record. The ladder must have
+/// `exact_delays`.
+#[utoipa::path(
+    post,
+    path = "/api/ladders/{ladder}/scheduled/cancel",
+    operation_id = "cancelScheduled",
+    params(LadderPath),
+    request_body = CancelRequest,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "the cancellation is recorded", body = CancelAnswer),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn cancel(
     Extract(state): Extract<Arc<AdminState>>,
     ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,

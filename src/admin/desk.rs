@@ -53,7 +53,7 @@ const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(5);
 pub const JOBS_KEPT: usize = 64;
 
 /// A replay or a discard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobKind {
     /// Republish the selected entries.
@@ -84,7 +84,7 @@ pub struct Job {
 }
 
 /// Where a job is: what it selected, each entry's outcome so far, how it ended.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct JobView {
     /// The job's id.
     pub id: u64,

@@ -12,23 +12,19 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::{Deserialize, Serialize};
 
-use crate::admin::api::{ApiError, ApiJson, ApiPath, caller};
+use crate::admin::api::{
+    ApiError, ApiJson, ApiPath, BadRequest, Conflict, Internal, LadderPath, NotFound, Unavailable, caller,
+};
 use crate::admin::state::AdminState;
 use crate::admin::web::{self, page, segment, take, token_field};
 use crate::broker::holds::{HoldError, format_rate};
 use crate::clock::now_ms;
-use crate::model::holds::{DestinationHold, HoldState};
+use crate::model::holds::{DestinationHold, HoldAction, HoldState};
 use crate::model::lot::pace::Rate;
 use crate::model::lot::text::format_time;
 
 /// The busiest destinations shown and answered, at most.
 pub const BUSIEST: usize = 20;
-
-/// The ladder in the path.
-#[derive(Deserialize)]
-pub(crate) struct HoldsPath {
-    ladder: String,
-}
 
 /// The HTTP status of a failed hold or resume.
 fn status(e: &HoldError) -> StatusCode {
@@ -46,11 +42,20 @@ impl From<HoldError> for ApiError {
     }
 }
 
+fn hold_states() -> utoipa::openapi::Object {
+    crate::model::words_schema(["held", "releasing"])
+}
+
+fn recorded_actions() -> utoipa::openapi::Object {
+    crate::model::words_schema([HoldAction::Held.code(), HoldAction::Resumed.code()])
+}
+
 /// One destination's hold, as the API answers it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct HoldView {
     destination: String,
     /// `held` or `releasing`.
+    #[schema(schema_with = hold_states)]
     state: &'static str,
     by: String,
     why: String,
@@ -66,7 +71,7 @@ pub(crate) struct HoldView {
 
 /// A destination this replica delivered to or saw failures of, in the breaker's window, or has
 /// messages waiting for.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct BusyView {
     destination: String,
     delivered: u64,
@@ -77,10 +82,11 @@ pub(crate) struct BusyView {
 }
 
 /// One transition, as the stream recorded it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct TransitionView {
     destination: String,
-    /// `held`, `resumed`, `released`, `probed` or `probe_failed`.
+    /// `held`, `resumed`, `released`, `probed`, `probe_failed` or `deleted`.
+    #[schema(schema_with = HoldAction::schema)]
     action: &'static str,
     by: String,
     why: String,
@@ -90,7 +96,7 @@ pub(crate) struct TransitionView {
 }
 
 /// `GET /api/ladders/{ladder}/holds`.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct HoldsAnswer {
     ladder: String,
     holds: Vec<HoldView>,
@@ -169,37 +175,66 @@ fn view(h: &DestinationHold, held_queue: String, messages: Option<u32>) -> HoldV
     }
 }
 
-/// The held destinations of the ladder (and the busiest this replica saw).
+/// The held (or releasing) destinations, and the busiest this replica saw.
+///
+/// Read from the ladder's stream `N.L.holds` up to a marker appended first, so a hold recorded
+/// through any replica is in the answer. `busiest` is this replica's own count of deliveries and
+/// failures back per destination over the breaker's window, and of the messages it put into a
+/// tier for the destination that are not due yet (`waiting`; tiers are shared by every
+/// destination, so this is counted from due times, in buckets a 32nd of each message's delay
+/// wide: a message may count up to ~3% of its delay too long, never too short).
+#[utoipa::path(
+    get,
+    path = "/api/ladders/{ladder}/holds",
+    operation_id = "listHolds",
+    params(LadderPath),
+    responses(
+        (status = 200, description = "the holds", body = HoldsAnswer),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn list(
     Extract(state): Extract<Arc<AdminState>>,
-    ApiPath(HoldsPath { ladder }): ApiPath<HoldsPath>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
 ) -> Result<Json<HoldsAnswer>, ApiError> {
     Ok(Json(answer(&state, &ladder).await?))
 }
 
 /// `POST …/holds`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HoldRequest {
+    /// The destination queue.
+    #[schema(min_length = 1, max_length = 255)]
     destination: String,
+    /// Why, for the record.
     #[serde(default)]
     why: String,
 }
 
 /// `POST …/holds/resume`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResumeRequest {
+    /// The held destination queue.
+    #[schema(min_length = 1, max_length = 255)]
     destination: String,
+    /// `N/s`, `N/m` or `N/h`; left out, null or blank: the ladder's `release_rate`.
     #[serde(default)]
+    #[schema(pattern = r"^\s*([0-9]+\s*/\s*[smh])?\s*$")]
     rate: Option<String>,
 }
 
 /// A recorded hold or resume.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct RecordAnswer {
     ladder: String,
     destination: String,
+    /// `held` or `resumed`.
+    #[schema(schema_with = recorded_actions)]
     action: &'static str,
     by: String,
     why: String,
@@ -220,10 +255,29 @@ fn record_answer(ladder: String, r: crate::model::holds::HoldRecord) -> RecordAn
     }
 }
 
-/// Holds a destination for every replica; answered once the broker confirmed the record.
+/// Hold a destination queue for every replica: its due messages wait in `N.L.held.<queue>`, no attempt counted.
+///
+/// Recorded in the ladder's stream `N.L.holds`, which every replica follows; answered once the
+/// broker confirmed the record. Refused for a queue the ladder may not deliver to (400) or that
+/// does not exist (404).
+#[utoipa::path(
+    post,
+    path = "/api/ladders/{ladder}/holds",
+    operation_id = "holdDestination",
+    params(LadderPath),
+    request_body = HoldRequest,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "recorded", body = RecordAnswer),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn hold(
     Extract(state): Extract<Arc<AdminState>>,
-    ApiPath(HoldsPath { ladder }): ApiPath<HoldsPath>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<HoldRequest>,
 ) -> Result<Json<RecordAnswer>, ApiError> {
@@ -242,10 +296,29 @@ fn parse_rate(rate: Option<&str>) -> Result<Option<Rate>, HoldError> {
         .transpose()
 }
 
-/// Resumes a held destination; answered once the broker confirmed the record.
+/// Resume a held destination: its held queue is released at `rate` (default the ladder's `release_rate`), oldest first.
+///
+/// Recorded in the ladder's stream `N.L.holds`, which every replica follows; answered once the
+/// broker confirmed the record. Refused for a destination that is not held (409).
+#[utoipa::path(
+    post,
+    path = "/api/ladders/{ladder}/holds/resume",
+    operation_id = "resumeDestination",
+    params(LadderPath),
+    request_body = ResumeRequest,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "recorded", body = RecordAnswer),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 409, response = Conflict),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ),
+)]
 pub(crate) async fn resume(
     Extract(state): Extract<Arc<AdminState>>,
-    ApiPath(HoldsPath { ladder }): ApiPath<HoldsPath>,
+    ApiPath(LadderPath { ladder }): ApiPath<LadderPath>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<ResumeRequest>,
 ) -> Result<Json<RecordAnswer>, ApiError> {

@@ -30,10 +30,12 @@ pub mod poller;
 pub mod router;
 pub mod snapshot;
 pub mod state;
+pub mod status;
 pub mod web;
 
-pub use router::{METRICS_CONTENT_TYPE, router};
+pub use router::router;
 pub use state::AdminState;
+pub use status::METRICS_CONTENT_TYPE;
 
 use crate::broker::state::State;
 use crate::config::Config;

@@ -3,26 +3,19 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::Router;
-use axum::extract::State as Extract;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
-use crate::admin::state::{AdminState, LaddersView};
-use crate::admin::{api, guard, holds, openapi, web};
-
-/// The content type of `/metrics`: prometheus-client writes the OpenMetrics text format.
-pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+use crate::admin::state::AdminState;
+use crate::admin::{api, guard, holds, openapi, status, web};
 
 /// The admin routes.
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
-        .route("/live", get(live))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .route("/api/ladders", get(ladders))
+        .route("/live", get(status::live))
+        .route("/ready", get(status::ready))
+        .route("/metrics", get(status::metrics))
+        .route("/api/ladders", get(status::ladders))
         .route("/api/openapi.json", get(openapi::serve))
         .route("/api/ladders/{ladder}/parked", get(api::list))
         .route("/api/ladders/{ladder}/parked/replay", post(api::replay))
@@ -74,48 +67,20 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
-async fn live() -> &'static str {
-    "ok"
-}
-
-/// 200 `ready`, or 503 `not ready: <why>`: `connecting` while no session serves, else every
-/// reason that holds a connected service up, by kind (`blocked: low on memory`, `stalled:
-/// <ladder>/<hop> no progress for 3s with work waiting`; several are separated by `; `).
-async fn ready(Extract(state): Extract<Arc<AdminState>>) -> (StatusCode, String) {
-    let health = &state.service.health;
-    if health.is_ready() {
-        (StatusCode::OK, "ready".into())
-    } else {
-        let why = health.reason().unwrap_or_else(|| "connecting".into());
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}"))
-    }
-}
-
-async fn metrics(Extract(state): Extract<Arc<AdminState>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        state.service.metrics.encode(),
-    )
-}
-
-async fn ladders(Extract(state): Extract<Arc<AdminState>>) -> Json<LaddersView> {
-    let snapshot = state.snapshots.borrow().clone();
-    Json(LaddersView::new(&state.config, snapshot.as_deref()).with_drift(&state.service))
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::time::Instant;
 
     use axum::body::Body;
-    use axum::http::Request;
+    use axum::http::{Request, StatusCode, header};
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
     use super::*;
     use crate::admin::poller::LadderSnapshot;
     use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
+    use crate::admin::status::METRICS_CONTENT_TYPE;
     use crate::broker::state::State;
     use crate::model::accounting::Counters;
     use tokio::sync::watch;
@@ -286,7 +251,7 @@ mod tests {
         );
         assert_eq!(l["unidentified"], "dead-letter");
         // and stays within what the OpenAPI description says of a ladder
-        let schema = &crate::admin::openapi::description(&["orders"])["components"]["schemas"]["Ladder"];
+        let schema = &crate::admin::openapi::description(&["orders"])["components"]["schemas"]["LadderView"];
         for key in l.as_object().unwrap().keys() {
             assert!(schema["properties"].get(key).is_some(), "{key} is not described");
         }

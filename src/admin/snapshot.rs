@@ -57,7 +57,7 @@ pub struct LadderSnapshot {
 }
 
 /// Per-second rates of a ladder's counters between two polls.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Rates {
     /// Deliveries taken from the intake queue per second (redeliveries included).
     pub received: f64,
@@ -90,10 +90,11 @@ impl Rates {
 }
 
 /// The accounting check of one ladder, as `/api/ladders` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct AccountingStatus {
     /// The latest poll's verdict: `unchecked`, `busy`, `anchored`, `balanced`, `suspect`,
     /// `unaccounted`, `in_doubt` or `rebased`.
+    #[schema(schema_with = crate::model::accounting::verdict_schema)]
     pub verdict: &'static str,
     /// Whether a reference balance is set (the check is running).
     pub anchored: bool,

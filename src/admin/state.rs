@@ -13,6 +13,7 @@ use crate::admin::poller::{AccountingStatus, Rates, Snapshot};
 use crate::broker::state::State;
 use crate::config::Config;
 use crate::model::accounting::Counters;
+use crate::model::ladder::{DeadLetterStrategy, QueueType, Unidentified};
 use crate::model::names::Names;
 
 /// What the admin endpoints read.
@@ -44,7 +45,7 @@ impl AdminState {
 }
 
 /// `/api/ladders` (and the web page's overview).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct LaddersView {
     pub(crate) namespace: String,
     pub(crate) poll_interval_ms: u64,
@@ -59,7 +60,7 @@ pub(crate) struct LaddersView {
 }
 
 /// The namespace's drift, as the service saw it after declaring and the admin side refreshes it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct DriftView {
     /// When its counts were read (ms since the epoch).
     pub(crate) read_at_ms: u64,
@@ -69,14 +70,18 @@ pub(crate) struct DriftView {
     pub(crate) differing: Vec<crate::broker::drift::Difference>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct LadderView {
     pub(crate) name: String,
     pub(crate) exchange: String,
     pub(crate) tiers: Vec<TierView>,
     pub(crate) max_attempts: u32,
     pub(crate) allow: Vec<String>,
+    /// `quorum` or `classic`.
+    #[schema(schema_with = queue_types)]
     pub(crate) queue_type: &'static str,
+    /// `at-least-once` or `at-most-once`.
+    #[schema(schema_with = dead_letter_strategies)]
     pub(crate) dead_letter_strategy: &'static str,
     /// Each sender (a broker user name) and the destination patterns it may target; absent for
     /// a ladder that does not list its senders.
@@ -85,6 +90,7 @@ pub(crate) struct LadderView {
     /// What a message from no listed sender may do (`reject`, `dead-letter`); absent with
     /// `senders`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = unidentified)]
     pub(crate) unidentified: Option<&'static str>,
     /// Queue name per role (`intake`, `due`, `parked`, `delay.<tier>`).
     pub(crate) queues: BTreeMap<String, String>,
@@ -98,7 +104,7 @@ pub(crate) struct LadderView {
     pub(crate) accounting: Option<AccountingStatus>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct TierView {
     pub(crate) name: String,
     pub(crate) delay_ms: u64,
@@ -115,6 +121,19 @@ pub(crate) struct TierView {
     /// the namespace's): its depth is theirs too. Absent when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) shared_with: Vec<String>,
+}
+
+fn queue_types() -> utoipa::openapi::Object {
+    crate::model::words_schema([QueueType::Quorum, QueueType::Classic].map(QueueType::as_str))
+}
+
+fn dead_letter_strategies() -> utoipa::openapi::Object {
+    let all = [DeadLetterStrategy::AtLeastOnce, DeadLetterStrategy::AtMostOnce];
+    crate::model::words_schema(all.map(DeadLetterStrategy::as_str))
+}
+
+fn unidentified() -> utoipa::openapi::Object {
+    crate::model::words_schema([Unidentified::Reject, Unidentified::DeadLetter].map(Unidentified::as_str))
 }
 
 impl LaddersView {

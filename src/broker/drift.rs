@@ -230,7 +230,7 @@ pub struct Survey {
 }
 
 /// A planned object the broker holds with other arguments.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct Difference {
     /// Its name.
     pub name: String,

@@ -307,7 +307,7 @@ fn edited_destination(edit: &Edit, entry: &ParkedEntry) -> Option<String> {
 }
 
 /// What happened to one entry of a replay or a discard.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "status", rename_all = "kebab-case")]
 pub enum Status {
     /// Republished, confirmed and resolved.
@@ -324,7 +324,7 @@ pub enum Status {
 }
 
 /// The outcome for one entry.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Outcome {
     /// The entry's offset.
     pub offset: u64,

@@ -68,7 +68,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 /// What the service counted for one ladder, read from its metrics at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Counters {
     /// First deliveries from `N.L.intake`: messages that entered the ladder.
     pub entered: u64,
@@ -241,6 +241,21 @@ impl Verdict {
             Verdict::Rebased { .. } => "rebased",
         }
     }
+}
+
+/// The schema of [`Verdict::name`]: one of the names.
+pub fn verdict_schema() -> utoipa::openapi::Object {
+    let all = [
+        Verdict::Unchecked,
+        Verdict::Busy,
+        Verdict::Anchored,
+        Verdict::Balanced,
+        Verdict::Suspect { missing: 0 },
+        Verdict::Unaccounted { missing: 0 },
+        Verdict::InDoubt { missing: 0 },
+        Verdict::Rebased { surplus: 0 },
+    ];
+    crate::model::words_schema(all.map(|v| v.name()))
 }
 
 #[derive(Debug, Clone, Copy)]

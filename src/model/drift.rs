@@ -24,7 +24,7 @@ pub const TOPOLOGY_MARKER_FORMAT: &str = "ladder.topology-marker/v1";
 pub const ENTRY_ROLE: &str = "entry";
 
 /// A queue or an exchange.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// A queue (or a stream).
@@ -209,7 +209,7 @@ pub struct Observed {
 }
 
 /// A retired object as an operator sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Retired {
     /// Its name.
     pub name: String,

@@ -23,7 +23,7 @@ pub const FORMAT: &str = "ladder.parked/v1";
 pub const BODY_FORMAT: &str = "ladder.parked-body/v1";
 
 /// Where a parked body stored apart from its envelope is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BodyRecord {
     /// The `message_id` of the [`BODY_FORMAT`] record holding the body.
     pub id: String,
@@ -32,9 +32,10 @@ pub struct BodyRecord {
 }
 
 /// One parked message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Envelope {
     /// Always [`FORMAT`].
+    #[schema(schema_with = format_schema)]
     pub format: String,
     /// Reason code (`max-attempts`, `no-route`, …).
     pub reason: String,
@@ -57,10 +58,19 @@ pub struct Envelope {
     pub replayed_from: Option<String>,
     /// When it was parked, ms since the epoch.
     pub parked_at_ms: u64,
-    /// Where the service took it from: `intake` or `due`.
+    /// Where the service took it from: `intake`, `due` or `quarantine`.
+    #[schema(schema_with = hop_schema)]
     pub hop: String,
     /// The message exactly as the service received it.
     pub message: OriginalMessage,
+}
+
+fn format_schema() -> utoipa::openapi::Object {
+    crate::model::words_schema([FORMAT])
+}
+
+fn hop_schema() -> utoipa::openapi::Object {
+    crate::model::words_schema(["intake", "due", "quarantine"])
 }
 
 impl Envelope {
@@ -78,7 +88,7 @@ impl Envelope {
 }
 
 /// A message as received: where it came from, its properties and its body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OriginalMessage {
     /// Exchange it was published to (lossy UTF-8 when `exchange_base64` is set).
     pub exchange: String,
@@ -92,6 +102,7 @@ pub struct OriginalMessage {
     pub routing_key_base64: Option<String>,
     /// Properties; `headers` is a table of typed values (see [`value_to_json`]). Properties the
     /// client could not decode are `{"raw_base64": …, "undecodable": why}`.
+    #[schema(value_type = Object)]
     pub properties: Value,
     /// The body, base64; empty when it is stored apart (`body_record`).
     pub body_base64: String,

@@ -63,6 +63,21 @@ pub enum HoldAction {
 }
 
 impl HoldAction {
+    /// Every action.
+    pub const ALL: [HoldAction; 6] = [
+        HoldAction::Held,
+        HoldAction::Resumed,
+        HoldAction::Released,
+        HoldAction::Probed,
+        HoldAction::ProbeFailed,
+        HoldAction::Deleted,
+    ];
+
+    /// The schema of [`HoldAction::code`]: one of the codes.
+    pub fn schema() -> utoipa::openapi::Object {
+        crate::model::words_schema(HoldAction::ALL.map(HoldAction::code))
+    }
+
     /// The metric label and the log word.
     pub fn code(self) -> &'static str {
         match self {

@@ -22,6 +22,15 @@ pub mod progress;
 pub mod protocol;
 pub mod upgrade;
 
+/// The schema of a string that is one of `words`, for a field the API answers as text but the
+/// code keeps as one of a closed set (the OpenAPI description names the set).
+pub fn words_schema(words: impl IntoIterator<Item = &'static str>) -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(words))
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::{Path, PathBuf};

@@ -159,14 +159,12 @@ impl Checker {
         value
     }
 
-    /// The subset of OpenAPI 3.0's schema objects the description uses, strictly.
+    /// The subset of OpenAPI 3.1's schema objects (JSON Schema 2020-12) the description uses,
+    /// strictly.
     fn check(&self, schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
         let schema = self.resolve(schema);
-        if value.is_null() {
-            if schema["nullable"] != true {
-                errors.push(format!("{at}: null where {schema} is not nullable"));
-            }
-            return;
+        if schema == &Value::Bool(false) {
+            return errors.push(format!("{at}: {value} where nothing is allowed"));
         }
         for part in schema["allOf"].as_array().into_iter().flatten() {
             self.check(part, value, at, errors);
@@ -189,9 +187,35 @@ impl Checker {
         {
             errors.push(format!("{at}: {value} is not one of {allowed:?}"));
         }
-        match schema["type"].as_str() {
-            None => {}
-            Some("object") => {
+        // `type` is one name or several (`["string", "null"]`): the value must be one of them
+        let types: Vec<&str> = match &schema["type"] {
+            Value::Array(names) => names.iter().filter_map(Value::as_str).collect(),
+            Value::String(name) => vec![name.as_str()],
+            _ => return,
+        };
+        let named = |value: &Value| match value {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        };
+        let kind = named(value);
+        match types
+            .iter()
+            .find(|t| **t == kind || (**t == "number" && kind == "integer"))
+        {
+            Some(t) => self.check_as(t, schema, value, at, errors),
+            None => errors.push(format!("{at}: {value} is not of type {types:?}")),
+        }
+    }
+
+    /// Checks `value`, of JSON type `kind`, against the rest of `schema`.
+    fn check_as(&self, kind: &str, schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
+        match kind {
+            "object" => {
                 let Some(object) = value.as_object() else {
                     return errors.push(format!("{at}: {value} is not an object"));
                 };
@@ -213,7 +237,7 @@ impl Checker {
                     }
                 }
             }
-            Some("array") => {
+            "array" => {
                 let Some(items) = value.as_array() else {
                     return errors.push(format!("{at}: {value} is not an array"));
                 };
@@ -226,11 +250,16 @@ impl Checker {
                 {
                     errors.push(format!("{at}: {} items", items.len()));
                 }
+                // the first items by position (a tuple), the rest by `items`
+                let prefix = schema["prefixItems"].as_array().map_or(&[][..], Vec::as_slice);
                 for (i, item) in items.iter().enumerate() {
-                    self.check(&schema["items"], item, &format!("{at}[{i}]"), errors);
+                    let item_schema = prefix.get(i).unwrap_or(&schema["items"]);
+                    if !item_schema.is_null() {
+                        self.check(item_schema, item, &format!("{at}[{i}]"), errors);
+                    }
                 }
             }
-            Some("string") => match value.as_str() {
+            "string" => match value.as_str() {
                 None => errors.push(format!("{at}: {value} is not a string")),
                 Some(text) => {
                     if let Some(pattern) = schema["pattern"].as_str()
@@ -240,7 +269,7 @@ impl Checker {
                     }
                 }
             },
-            Some("integer") => match value.as_i64().map(i128::from).or(value.as_u64().map(i128::from)) {
+            "integer" => match value.as_i64().map(i128::from).or(value.as_u64().map(i128::from)) {
                 None => errors.push(format!("{at}: {value} is not an integer")),
                 Some(n) => {
                     if schema["minimum"].as_i64().is_some_and(|min| n < i128::from(min))
@@ -250,10 +279,8 @@ impl Checker {
                     }
                 }
             },
-            Some("number") if !value.is_number() => errors.push(format!("{at}: {value} is not a number")),
-            Some("boolean") if !value.is_boolean() => errors.push(format!("{at}: {value} is not a boolean")),
-            Some("number" | "boolean") => {}
-            Some(other) => errors.push(format!("{at}: the checker knows no type {other}")),
+            "number" | "boolean" | "null" => {}
+            other => errors.push(format!("{at}: the checker knows no type {other}")),
         }
     }
 

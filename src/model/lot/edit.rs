@@ -31,7 +31,7 @@ pub struct Edit {
 }
 
 /// What an edit changed, as the resolution record keeps it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EditAudit {
     /// Header keys the edit added.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -48,7 +48,7 @@ pub struct EditAudit {
 }
 
 /// A body's length and digest before and after an edit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BodyChange {
     /// The original's length in bytes.
     pub from_bytes: u64,

@@ -531,7 +531,7 @@ fn hash(text: Option<&str>) -> u64 {
 /// Entries counted in all, per destination (`-` for none) and per reason; each group largest
 /// first, then by name. Serialized as `{"total", "by_destination": [[name, n], ..],
 /// "by_reason": [..]}`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct Counts {
     /// Every entry counted.
     pub total: u64,

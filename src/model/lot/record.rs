@@ -30,7 +30,7 @@ pub struct Marker {
 }
 
 /// What an operator did to an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     /// Republished (confirmed by the broker) to `to`.
@@ -40,9 +40,10 @@ pub enum Action {
 }
 
 /// A resolution record: the body of a [`RESOLUTION_FORMAT`] record in the parked stream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Resolution {
     /// Always [`RESOLUTION_FORMAT`].
+    #[schema(schema_with = format_schema)]
     pub format: String,
     /// The stream offset of the entry it resolves.
     pub resolves: u64,
@@ -61,8 +62,12 @@ pub struct Resolution {
     pub edit: Option<EditAudit>,
 }
 
+fn format_schema() -> utoipa::openapi::Object {
+    crate::model::words_schema([RESOLUTION_FORMAT])
+}
+
 /// One parked message as read from the stream.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ParkedEntry {
     /// Its offset in the stream: the entry's identity.
     pub offset: u64,

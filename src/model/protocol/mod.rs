@@ -124,7 +124,7 @@ const MAX_HISTORY_TIER_BYTES: usize = 16;
 const MAX_REPLAYED_FROM_BYTES: usize = 255 + 1 + 20;
 
 /// One retry the ladder scheduled: which attempt, in which tier, and when the failure came in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HistoryEntry {
     /// The retry number (`retry-attempt` as sent).
     pub attempt: u64,
