@@ -717,16 +717,14 @@ impl OutagePlan {
     }
 
     /// The auto-hold ladder's extra keys: Ladder's defaults for a 5-minute outage (window 1 m,
-    /// probe every 10 s, longest hold 10 m), scaled down for a shorter one (window = a fifth of
-    /// the outage, at least 2 s; probe = a sixth of the window, 1 to 10 s; longest hold = ten
-    /// windows), and the release rate.
+    /// a probe every 4 s), scaled down for a shorter one (window = a fifth of the outage, at
+    /// least 2 s; probe = a sixth of the window, 1 to 4 s), and the release rate.
     pub fn auto_hold(&self) -> String {
         let window = (self.outage.as_secs() / 5).clamp(2, 60);
-        let probe = (window / 6).clamp(1, 10);
+        let probe = (window / 6).clamp(1, 4);
         format!(
-            "release_rate = \"{}\"\n[auto_hold]\nenabled = true\nwindow = \"{window}s\"\nprobe_every = \"{probe}s\"\nmax_hold = \"{}s\"\n",
-            self.release_rate,
-            window * 10
+            "release_rate = \"{}\"\n[auto_hold]\nenabled = true\nwindow = \"{window}s\"\nprobe_every = \"{probe}s\"\n",
+            self.release_rate
         )
     }
 }
@@ -1206,8 +1204,7 @@ mod tests {
     fn a_five_minute_outage_keeps_ladders_auto_hold_defaults() {
         let a = plan(300).auto_hold();
         assert!(a.contains("window = \"60s\""), "{a}");
-        assert!(a.contains("probe_every = \"10s\""), "{a}");
-        assert!(a.contains("max_hold = \"600s\""), "{a}");
+        assert!(a.contains("probe_every = \"4s\""), "{a}");
         let short = plan(10).auto_hold();
         assert!(short.contains("window = \"2s\""), "{short}");
         assert!(short.contains("probe_every = \"1s\""), "{short}");

@@ -670,16 +670,10 @@ async fn auto_hold(
         }
     }
     let actions = ladder.merged_breaker().poll(now_ms(), |d| holds.holds_back(d));
-    for BreakerAction::Hold {
-        destination,
-        why,
-        hold_ms,
-    } in actions
-    {
+    for BreakerAction::Hold { destination, why } in actions {
         warn!(ladder = %ladder.spec.name, destination = %destination, why = %why, "holding a failing destination automatically");
         let mut record = HoldRecord::new(&destination, HoldAction::Held, AUTO, &why, now_ms());
-        record.hold_ms = Some(hold_ms);
-        record.max_hold_ms = Some(policy.max_hold.as_millis() as u64);
+        record.hold_ms = Some(policy.probe_every.as_millis() as u64);
         if let Err(e) = record_hold(connection, &ladder.names, &ladder.spec, record).await {
             warn!(ladder = %ladder.spec.name, destination = %destination, error = %e, "the automatic hold failed");
         }
@@ -1131,11 +1125,12 @@ async fn release_one(
         match confirm.await? {
             Confirmation::Ack => {
                 ladder.metrics.delivered(Duration::ZERO);
+                let lag_ms = protocol::failure_lag_ms(&ladder.spec, delivery.properties.headers.as_ref());
                 ladder
                     .breaker
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .delivered(destination, now_ms());
+                    .delivered(destination, lag_ms, now_ms());
                 return Ok(true);
             }
             Confirmation::Returned(returned) => {

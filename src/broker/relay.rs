@@ -109,7 +109,6 @@ impl LadderRuntime {
             min_deliveries: u32::MAX,
             failure_permille: 1000,
             probe_every: Duration::from_secs(10),
-            max_hold: Duration::from_secs(600),
         });
         LadderRuntime {
             spec,
@@ -146,7 +145,10 @@ impl LadderRuntime {
     /// A message back at the intake failed at `destination`: counted by the breaker, and if it
     /// is a probe of the automatic hold (`retry-probe`), queued for the hold stream.
     fn failed_at(&self, destination: &str, props: &ladder_amqp::BasicProperties, now: u64) {
-        self.breaker().failed(destination, now);
+        let headers = props.headers.as_ref();
+        let lag_ms = protocol::failure_lag_ms(&self.spec, headers);
+        let delivered_ms = protocol::delivered_at_ms(headers);
+        self.breaker().failed(destination, lag_ms, delivered_ms, now);
         if let Some(probe) = props
             .headers
             .as_ref()
@@ -720,11 +722,15 @@ fn confirmed(
         }
         Step::Deliver(forward, _) => {
             ladder.metrics.delivered(Duration::from_millis(forward.late_ms));
-            ladder
-                .deliveries
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .delivered(&forward.destination, now);
+            // a scheduled delivery's failure is a first failure, which the breaker does not count
+            if forward.attempt >= 1 {
+                let lag_ms = protocol::failure_lag_ms(&ladder.spec, forward.properties.headers.as_ref());
+                ladder
+                    .deliveries
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .delivered(&forward.destination, lag_ms, now);
+            }
             debug!(ladder = %ladder.spec.name, %hop, destination = %forward.destination, attempt = forward.attempt,
                    late_ms = forward.late_ms, trace_id = %trace_id(trace), "delivered");
         }

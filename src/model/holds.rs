@@ -54,8 +54,8 @@ pub enum HoldAction {
     /// one, named in `by`) releases one message as a probe, marked `retry-probe: <at_ms>`; `of`
     /// names the hold (its `at_ms`).
     Probed,
-    /// A replica's intake saw the probe named by `of` come back failed: the hold starts over,
-    /// twice as long.
+    /// A replica's intake saw the probe named by `of` come back failed: the next probe goes
+    /// out a probe period later.
     ProbeFailed,
     /// The held queue of a free destination was deleted (empty since the release that `of`
     /// names ended — the `at_ms` of the `released` record): the destination is forgotten.
@@ -114,12 +114,9 @@ pub struct HoldRecord {
     /// ProbeFailed: the probe's `at_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub of: Option<u64>,
-    /// An automatic hold: how long before its first probe, in ms (doubled by each failed probe).
+    /// An automatic hold: the wait before each probe, in ms (the first, and after a failed one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_ms: Option<u64>,
-    /// An automatic hold: the longest wait between probes, in ms.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_hold_ms: Option<u64>,
 }
 
 impl HoldRecord {
@@ -135,7 +132,6 @@ impl HoldRecord {
             rate: None,
             of: None,
             hold_ms: None,
-            max_hold_ms: None,
         }
     }
 
@@ -208,10 +204,8 @@ pub struct DestinationHold {
 /// The half-open state of an automatic hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probing {
-    /// The wait before the next probe (ms), doubled by each failed probe.
+    /// The wait before each probe (ms).
     pub hold_ms: u64,
-    /// The longest wait (ms).
-    pub max_hold_ms: u64,
     /// No probe before this (ms since the epoch).
     pub next_probe_ms: u64,
     /// The probe out (its `at_ms`, the value of its `retry-probe` header) and its prober.
@@ -308,7 +302,6 @@ impl Holds {
                     let hold_ms = record.hold_ms.unwrap_or(0);
                     Probing {
                         hold_ms,
-                        max_hold_ms: record.max_hold_ms.unwrap_or(hold_ms).max(hold_ms),
                         next_probe_ms: record.at_ms.saturating_add(hold_ms),
                         probe: None,
                         failures: 0,
@@ -337,8 +330,7 @@ impl Holds {
                         if let Some(p) = &mut next.probing {
                             p.failures = p.failures.saturating_add(1);
                             p.probe = None;
-                            let wait = p.hold_ms.saturating_mul(1u64 << p.failures.min(32)).min(p.max_hold_ms);
-                            p.next_probe_ms = record.at_ms.saturating_add(wait);
+                            p.next_probe_ms = record.at_ms.saturating_add(p.hold_ms);
                         }
                         next
                     }
@@ -772,32 +764,26 @@ pub struct AutoHoldPolicy {
     pub min_deliveries: u32,
     /// Failures per delivery, in thousandths, at or above which it trips (900 = 90 %).
     pub failure_permille: u32,
-    /// While auto-held, one probe this often once the hold's minimum time has passed; a probe
-    /// with no failure back within this time resumes the destination.
+    /// While auto-held, one probe this often; a probe with no failure back within this time
+    /// resumes the destination. So a recovered destination resumes within two of these.
     pub probe_every: Duration,
-    /// The longest minimum hold (the damping doubles up to it).
-    pub max_hold: Duration,
 }
 
-/// A sliding window of deliveries and failures, in [`WINDOW_BUCKETS`] buckets.
+/// A sliding window of deliveries and failures, in [`WINDOW_BUCKETS`] buckets, each counted
+/// at its **verdict time**: a failure when it comes back, a delivery when its failure would
+/// have come back. A failure the broker routes into a tier comes back one tier later, so a
+/// delivery is counted that much ahead (in a bucket of the future, at most a window ahead), and
+/// the ratio compares each delivery with its own outcome, however its failure travels.
 #[derive(Debug, Clone, Default)]
 pub struct Window {
-    /// (bucket number, deliveries, failures), oldest first.
+    /// (bucket number, deliveries, failures), oldest first; at most a window's worth in the
+    /// past and a window's worth ahead.
     buckets: VecDeque<(u64, u32, u32)>,
 }
 
 impl Window {
     fn bucket_ms(window: Duration) -> u64 {
         (window.as_millis() as u64 / WINDOW_BUCKETS).max(1)
-    }
-
-    fn slot(&mut self, window: Duration, now_ms: u64) -> &mut (u64, u32, u32) {
-        let n = now_ms / Self::bucket_ms(window);
-        self.expire(window, now_ms);
-        if self.buckets.back().is_none_or(|b| b.0 != n) {
-            self.buckets.push_back((n, 0, 0));
-        }
-        self.buckets.back_mut().expect("pushed")
     }
 
     fn expire(&mut self, window: Duration, now_ms: u64) {
@@ -807,23 +793,38 @@ impl Window {
         }
     }
 
-    /// Counts a delivery at `now_ms`.
-    pub fn delivered(&mut self, window: Duration, now_ms: u64) {
-        let b = self.slot(window, now_ms);
-        b.1 = b.1.saturating_add(1);
+    /// Counts deliveries and failures whose verdict is at `at_ms` (from `now_ms` to a window
+    /// after it).
+    fn add(&mut self, window: Duration, at_ms: u64, now_ms: u64, delivered: u32, failed: u32) {
+        self.expire(window, now_ms);
+        let n = at_ms / Self::bucket_ms(window);
+        let at = self.buckets.partition_point(|b| b.0 < n);
+        match self.buckets.get_mut(at) {
+            Some(b) if b.0 == n => {
+                b.1 = b.1.saturating_add(delivered);
+                b.2 = b.2.saturating_add(failed);
+            }
+            _ => self.buckets.insert(at, (n, delivered, failed)),
+        }
     }
 
-    /// Counts a failure at `now_ms`.
-    pub fn failed(&mut self, window: Duration, now_ms: u64) {
-        let b = self.slot(window, now_ms);
-        b.2 = b.2.saturating_add(1);
+    /// Counts a delivery whose verdict is at `at_ms`.
+    pub fn delivered(&mut self, window: Duration, at_ms: u64, now_ms: u64) {
+        self.add(window, at_ms, now_ms, 1, 0);
     }
 
-    /// (deliveries, failures) within the window ending at `now_ms`.
+    /// Counts a failure whose verdict is at `at_ms`.
+    pub fn failed(&mut self, window: Duration, at_ms: u64, now_ms: u64) {
+        self.add(window, at_ms, now_ms, 0, 1);
+    }
+
+    /// (deliveries, failures) with their verdict within the window ending at `now_ms`.
     pub fn totals(&mut self, window: Duration, now_ms: u64) -> (u64, u64) {
         self.expire(window, now_ms);
+        let n = now_ms / Self::bucket_ms(window);
         self.buckets
             .iter()
+            .take_while(|b| b.0 <= n)
             .fold((0, 0), |(d, f), b| (d + u64::from(b.1), f + u64::from(b.2)))
     }
 
@@ -831,18 +832,11 @@ impl Window {
         self.buckets.clear();
     }
 
-    /// Adds `other`'s counts, bucket by bucket (both oldest first), then drops what left the
-    /// window by `now_ms`.
+    /// Adds `other`'s counts, bucket by bucket, then drops what left the window by `now_ms`.
     fn absorb(&mut self, other: &Window, window: Duration, now_ms: u64) {
+        let bucket_ms = Self::bucket_ms(window);
         for &(n, delivered, failed) in &other.buckets {
-            let at = self.buckets.partition_point(|b| b.0 < n);
-            match self.buckets.get_mut(at) {
-                Some(b) if b.0 == n => {
-                    b.1 = b.1.saturating_add(delivered);
-                    b.2 = b.2.saturating_add(failed);
-                }
-                _ => self.buckets.insert(at, (n, delivered, failed)),
-            }
+            self.add(window, n * bucket_ms, 0, delivered, failed);
         }
         self.expire(window, now_ms);
     }
@@ -853,10 +847,6 @@ struct Watch {
     window: Window,
     /// Held (by anyone) at the last poll.
     held: bool,
-    /// Trips without a resume that lasted: each doubles the minimum hold.
-    trips: u32,
-    /// When it was last resumed (a resume that lasts [`AutoHoldPolicy::max_hold`] forgets the trips).
-    closed_at_ms: u64,
     seen_ms: u64,
     /// Messages this replica put into a tier for it that are not due yet.
     waiting: DueCounts,
@@ -884,8 +874,6 @@ pub enum BreakerAction {
         destination: String,
         /// Why, for the record.
         why: String,
-        /// The minimum hold (ms) before the first probe: the window, doubled per trip in a row.
-        hold_ms: u64,
     },
 }
 
@@ -936,8 +924,6 @@ impl Breaker {
         let w = self.watched.entry(destination.to_string()).or_insert_with(|| Watch {
             window: Window::default(),
             held: false,
-            trips: 0,
-            closed_at_ms: now_ms,
             seen_ms: now_ms,
             waiting: DueCounts::default(),
         });
@@ -945,10 +931,16 @@ impl Breaker {
         w
     }
 
-    /// The due hop delivered a message to `destination`.
-    pub fn delivered(&mut self, destination: &str, now_ms: u64) {
+    /// The due hop delivered a message to `destination`, whose failure would come back
+    /// `lag_ms` later (see [`Window`]). One whose failure would come back after more than the
+    /// window is not counted, nor is that failure: the breaker judges only what it can see
+    /// within its window.
+    pub fn delivered(&mut self, destination: &str, lag_ms: u64, now_ms: u64) {
         let window = self.policy.window;
-        self.watch(destination, now_ms).window.delivered(window, now_ms);
+        if lag_ms <= duration_ms(window) {
+            let at_ms = now_ms.saturating_add(lag_ms);
+            self.watch(destination, now_ms).window.delivered(window, at_ms, now_ms);
+        }
     }
 
     /// A message for `destination`, due at `due_ms`, went into a tier (a retry, a scheduled
@@ -957,10 +949,19 @@ impl Breaker {
         self.watch(destination, now_ms).waiting.entered(due_ms, now_ms);
     }
 
-    /// A message delivered to `destination` came back failed.
-    pub fn failed(&mut self, destination: &str, now_ms: u64) {
+    /// A message delivered to `destination` at `delivered_ms` (0: not known) came back failed.
+    /// `lag_ms` is what [`Breaker::delivered`] was told: the failure counts beside its delivery,
+    /// at `delivered_ms + lag_ms`, or now if that is past. (A consumer that sends its failure
+    /// back itself is faster than the tier the broker would have routed it into.)
+    pub fn failed(&mut self, destination: &str, lag_ms: u64, delivered_ms: u64, now_ms: u64) {
         let window = self.policy.window;
-        self.watch(destination, now_ms).window.failed(window, now_ms);
+        let window_ms = duration_ms(window);
+        if lag_ms <= window_ms {
+            let at_ms = delivered_ms
+                .saturating_add(lag_ms)
+                .clamp(now_ms, now_ms.saturating_add(window_ms));
+            self.watch(destination, now_ms).window.failed(window, at_ms, now_ms);
+        }
     }
 
     /// Adds the deliveries and failures `shard` counted since it was last absorbed, and empties
@@ -993,18 +994,13 @@ impl Breaker {
             }
             if w.held {
                 w.held = false;
-                w.closed_at_ms = now_ms;
                 w.window.clear();
-            }
-            if now_ms.saturating_sub(w.closed_at_ms) >= duration_ms(policy.max_hold) {
-                w.trips = 0;
             }
             let (delivered, failed) = w.window.totals(policy.window, now_ms);
             if delivered >= u64::from(policy.min_deliveries)
                 && delivered > 0
                 && failed * 1000 >= u64::from(policy.failure_permille) * delivered
             {
-                w.trips = w.trips.saturating_add(1);
                 // until the stream says it is held: counting starts over when it is resumed
                 w.held = true;
                 w.window.clear();
@@ -1014,7 +1010,6 @@ impl Breaker {
                         "{failed} of {delivered} deliveries failed within {}",
                         humantime::format_duration(policy.window)
                     ),
-                    hold_ms: min_hold(&policy, w.trips),
                 });
             }
         }
@@ -1053,14 +1048,6 @@ fn duration_ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
-/// The minimum hold after `trips` trips in a row: the window, doubled for each trip after the
-/// first, at most `max_hold` (and never less than the window).
-pub fn min_hold(policy: &AutoHoldPolicy, trips: u32) -> u64 {
-    let window = duration_ms(policy.window);
-    let doubled = window.saturating_mul(1u64 << trips.saturating_sub(1).min(32));
-    doubled.min(duration_ms(policy.max_hold).max(window))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1090,7 +1077,6 @@ mod tests {
         };
         let mut auto = HoldRecord::new("billing", HoldAction::Held, AUTO, "failing", 12);
         auto.hold_ms = Some(100);
-        auto.max_hold_ms = Some(1000);
         let mut slow = r("orders", HoldAction::Resumed, 20, None);
         slow.rate = Some("3/m".into());
         vec![
@@ -1288,7 +1274,6 @@ mod tests {
             min_deliveries: 50,
             failure_permille: 900,
             probe_every: Duration::from_secs(10),
-            max_hold: Duration::from_secs(600),
         }
     }
 
@@ -1296,13 +1281,25 @@ mod tests {
     fn the_window_slides_by_buckets() {
         let w60 = Duration::from_secs(60);
         let mut w = Window::default();
-        w.delivered(w60, 0);
-        w.failed(w60, 5_999);
-        w.delivered(w60, 30_000);
+        w.delivered(w60, 0, 0);
+        w.failed(w60, 5_999, 5_999);
+        w.delivered(w60, 30_000, 30_000);
         assert_eq!(w.totals(w60, 30_000), (2, 1));
         // the first bucket (0..6 s) leaves the window 60 s after it began
         assert_eq!(w.totals(w60, 59_999), (2, 1));
         assert_eq!(w.totals(w60, 60_000), (1, 0));
+        assert_eq!(w.totals(w60, 90_000), (0, 0));
+    }
+
+    /// A delivery counts when its failure would come back: not before, and then beside it.
+    #[test]
+    fn a_delivery_counts_at_its_verdict_time() {
+        let w60 = Duration::from_secs(60);
+        let mut w = Window::default();
+        w.delivered(w60, 30_000, 0);
+        assert_eq!(w.totals(w60, 29_999), (0, 0), "no verdict yet");
+        w.failed(w60, 30_000, 30_000);
+        assert_eq!(w.totals(w60, 30_000), (1, 1));
         assert_eq!(w.totals(w60, 90_000), (0, 0));
     }
 
@@ -1312,28 +1309,28 @@ mod tests {
         let mut b = Breaker::new(policy());
         // 49 deliveries all failing: too few to judge
         for i in 0..49 {
-            b.delivered("orders", i);
-            b.failed("orders", i);
+            b.delivered("orders", 0, i);
+            b.failed("orders", 0, 0, i);
         }
         assert!(b.poll(100, free).is_empty());
         // 50 with 44 failures (88 %): below 90 %
         let mut c = Breaker::new(policy());
         for i in 0..50 {
-            c.delivered("orders", i);
+            c.delivered("orders", 0, i);
             if i < 44 {
-                c.failed("orders", i);
+                c.failed("orders", 0, 0, i);
             }
         }
         assert!(c.poll(100, free).is_empty());
-        c.failed("orders", 100); // 45 of 50 = 90 %
+        c.failed("orders", 0, 0, 100); // 45 of 50 = 90 %
         let actions = c.poll(101, free);
         assert!(
-            matches!(&actions[..], [BreakerAction::Hold { destination, why, hold_ms: 60_000 }] if destination == "orders" && why.contains("45 of 50")),
+            matches!(&actions[..], [BreakerAction::Hold { destination, why }] if destination == "orders" && why.contains("45 of 50")),
             "{actions:?}"
         );
         // a healthy neighbour is not touched
         for i in 0..100 {
-            c.delivered("billing", i);
+            c.delivered("billing", 0, i);
         }
         assert!(c.poll(102, |d| d == "orders").is_empty());
     }
@@ -1348,12 +1345,12 @@ mod tests {
         for i in 0..100u64 {
             let at = i * 900;
             for b in [&mut whole, &mut shard] {
-                b.delivered("orders", at);
-                b.delivered("billing", at);
+                b.delivered("orders", 0, at);
+                b.delivered("billing", 0, at);
             }
             if i % 10 != 0 {
-                whole.failed("orders", at);
-                main.failed("orders", at);
+                whole.failed("orders", 0, 0, at);
+                main.failed("orders", 0, 0, at);
             }
             if i == 50 {
                 // absorbed midway too, as the releaser does every tick
@@ -1376,7 +1373,6 @@ mod tests {
     fn auto_hold(at: u64, hold_ms: u64) -> HoldRecord {
         let mut r = HoldRecord::new("orders", HoldAction::Held, AUTO, "failing", at);
         r.hold_ms = Some(hold_ms);
-        r.max_hold_ms = Some(600_000);
         r
     }
 
@@ -1387,7 +1383,7 @@ mod tests {
     }
 
     #[test]
-    fn half_open_is_read_from_the_stream_one_probe_at_a_time_damped_on_failure() {
+    fn half_open_is_read_from_the_stream_one_probe_at_a_time() {
         let every = Duration::from_secs(10);
         let mut holds = Holds::default();
         holds.apply(&auto_hold(1_000, 60_000), rate());
@@ -1406,80 +1402,108 @@ mod tests {
         // a probe of an earlier hold changes nothing
         assert!(!holds.apply(&probe_record(HoldAction::ProbeFailed, "x", 61_500, 999), rate()));
         assert_eq!(step(&holds, 70_999), ProbeStep::Wait);
-        // it fails (seen by any replica): held again, twice as long
+        // it fails (seen by any replica): held again for as long, however many failed before
         assert!(holds.apply(&probe_record(HoldAction::ProbeFailed, "b", 62_000, 61_000), rate()));
         assert!(
             !holds.apply(&probe_record(HoldAction::ProbeFailed, "a", 62_001, 61_000), rate()),
             "once"
         );
-        assert_eq!(step(&holds, 62_000 + 119_999), ProbeStep::Wait);
-        assert!(matches!(step(&holds, 182_000), ProbeStep::Probe { .. }));
-        assert!(matches!(step(&holds, 192_000), ProbeStep::Probe { overdue: true, .. }));
-        holds.apply(&probe_record(HoldAction::Probed, "b", 182_000, 1_000), rate());
+        assert_eq!(step(&holds, 62_000 + 59_999), ProbeStep::Wait);
+        assert!(matches!(step(&holds, 122_000), ProbeStep::Probe { .. }));
+        assert!(matches!(step(&holds, 132_000), ProbeStep::Probe { overdue: true, .. }));
+        holds.apply(&probe_record(HoldAction::Probed, "b", 122_000, 1_000), rate());
         // no failure back within a probe period: resume, by the prober (anyone, later)
-        assert_eq!(step(&holds, 191_999), ProbeStep::Wait);
+        assert_eq!(step(&holds, 131_999), ProbeStep::Wait);
         assert_eq!(
-            step(&holds, 192_000),
+            step(&holds, 132_000),
             ProbeStep::Resume {
                 prober: "b".into(),
                 overdue: false
             }
         );
-        assert!(matches!(step(&holds, 202_000), ProbeStep::Resume { overdue: true, .. }));
-        let mut resume = HoldRecord::new("orders", HoldAction::Resumed, AUTO, "", 192_000);
+        assert!(matches!(step(&holds, 142_000), ProbeStep::Resume { overdue: true, .. }));
+        let mut resume = HoldRecord::new("orders", HoldAction::Resumed, AUTO, "", 132_000);
         resume.rate = Some("10/s".into());
         holds.apply(&resume, rate());
         assert_eq!(step(&holds, 300_000), ProbeStep::Wait, "released: nothing to probe");
-        // the waits are capped
-        let mut h = Holds::default();
-        h.apply(&auto_hold(0, 400_000), rate());
-        h.apply(&probe_record(HoldAction::Probed, "a", 400_000, 0), rate());
-        h.apply(&probe_record(HoldAction::ProbeFailed, "a", 401_000, 400_000), rate());
-        assert_eq!(
-            h.get("orders").unwrap().probing.as_ref().unwrap().next_probe_ms,
-            1_001_000
-        );
     }
 
-    #[test]
-    fn the_breaker_damps_trips_in_a_row() {
-        let mut b = Breaker::new(policy());
-        let trip = |b: &mut Breaker, at: u64| {
-            for i in 0..50 {
-                b.delivered("orders", at + i);
-                b.failed("orders", at + i);
+    /// Destination `orders` fails `failing` of every 1 000 of its deliveries from 0 ms on,
+    /// under the defaults and a ladder of 1 s, 5 s and 30 s: each second 200 messages come due
+    /// for their first retry, and each retry that fails is delivered again one step later. A
+    /// failure comes back at once (`explicit`: to the intake) or one step later (dead-letter
+    /// mode: the broker routes it into the next tier). Returns when the breaker tripped, if it
+    /// did within `until_ms`.
+    fn outage(failing: u64, explicit: bool, until_ms: u64) -> Option<u64> {
+        let steps = [1_000u64, 5_000, 30_000];
+        let mut b = Breaker::new(AutoHoldPolicy {
+            probe_every: Duration::from_secs(4),
+            ..policy()
+        });
+        // (due at, retry number, message number)
+        let mut due: VecDeque<(u64, usize, u64)> = VecDeque::new();
+        let mut back: Vec<(u64, u64, u64)> = vec![]; // (comes back at, lag, delivered at)
+        for (n, now) in (0..until_ms).step_by(5).enumerate() {
+            // one message every 5 ms comes due for its first retry
+            due.push_back((now, 1, n as u64));
+            while let Some(&(_, retry, id)) = due.front().filter(|d| d.0 <= now) {
+                due.pop_front();
+                // the step its failure waits in next; after the last, the intake
+                let lag = steps.get(retry).copied().unwrap_or(0);
+                b.delivered("orders", lag, now);
+                // each delivery fails or not on its own
+                if (id * 7_919 + retry as u64 * 104_729) % 1_000 < failing {
+                    let at = if explicit { now } else { now + lag };
+                    back.push((at, lag, now));
+                    if retry < steps.len() {
+                        let pos = due.partition_point(|d| d.0 <= now + lag);
+                        due.insert(pos, (now + lag, retry + 1, id));
+                    }
+                }
             }
-            b.poll(at + 50, |_| false)
-        };
-        let hold_ms = |a: Vec<BreakerAction>| match &a[..] {
-            [BreakerAction::Hold { hold_ms, .. }] => *hold_ms,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(hold_ms(trip(&mut b, 0)), 60_000);
-        // held, then resumed, then tripping again soon: twice as long
-        assert!(b.poll(100, |_| true).is_empty());
-        assert!(b.poll(150_000, |_| false).is_empty(), "resumed");
-        assert_eq!(hold_ms(trip(&mut b, 200_000)), 120_000);
+            back.retain(|&(at, lag, delivered)| {
+                if at <= now {
+                    b.failed("orders", lag, delivered, now);
+                }
+                at > now
+            });
+            if now % 200 == 0 && !b.poll(now, |_| false).is_empty() {
+                return Some(now);
+            }
+        }
+        None
     }
 
     #[test]
-    fn damping_is_capped_and_forgotten_after_a_lasting_resume() {
-        let p = policy();
-        assert_eq!(min_hold(&p, 1), 60_000);
-        assert_eq!(min_hold(&p, 2), 120_000);
-        assert_eq!(min_hold(&p, 30), 600_000);
-        let mut b = Breaker::new(p);
-        b.trips_for_test("orders", 5, 0);
-        b.poll(600_000, |_| false);
-        assert_eq!(b.watched["orders"].trips, 0);
+    fn a_total_outage_trips_within_the_window_however_failures_come_back() {
+        for explicit in [true, false] {
+            let tripped = outage(1_000, explicit, 120_000);
+            assert!(
+                tripped.is_some_and(|at| at < 60_000),
+                "explicit {explicit}: tripped at {tripped:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_destination_failing_below_the_ratio_never_trips() {
+        for explicit in [true, false] {
+            for failing in [560, 850] {
+                assert_eq!(
+                    outage(failing, explicit, 300_000),
+                    None,
+                    "explicit {explicit}, {failing}‰"
+                );
+            }
+        }
     }
 
     #[test]
     fn an_operator_hold_is_never_probed_or_resumed_automatically() {
         let mut b = Breaker::new(policy());
         for i in 0..60 {
-            b.delivered("orders", i);
-            b.failed("orders", i);
+            b.delivered("orders", 0, i);
+            b.failed("orders", 0, 0, i);
         }
         assert!(b.poll(100, |_| true).is_empty());
         assert!(b.poll(1_000_000, |_| true).is_empty());
@@ -1493,13 +1517,5 @@ mod tests {
                 .probe_step(10_000_000, Duration::from_secs(1)),
             ProbeStep::Wait
         );
-    }
-
-    impl Breaker {
-        fn trips_for_test(&mut self, d: &str, trips: u32, closed_at_ms: u64) {
-            let w = self.watch(d, closed_at_ms);
-            w.trips = trips;
-            w.closed_at_ms = closed_at_ms;
-        }
     }
 }

@@ -515,5 +515,27 @@ mod intake;
 
 pub use codec::*;
 
+/// How long after its delivery a failure of a message comes back to the ladder, by the route
+/// its `retry-next` names: that tier's TTL, or 0 when it names the intake or the probes (or is
+/// absent). The breaker counts a delivery, and its failure, at this verdict time.
+pub fn failure_lag_ms(spec: &LadderSpec, headers: Option<&FieldTable>) -> u64 {
+    let Some(next) = headers.and_then(|h| h.get(header::RETRY_NEXT)) else {
+        return 0;
+    };
+    let name = as_text(next).unwrap_or_default();
+    match spec.tiers.iter().find(|t| t.name == name) {
+        Some(tier) => tier.ttl_ms(),
+        None => parse_delay(next).map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+/// When a message that came back failed was delivered: the `retry-due-at` it was delivered
+/// with (a delivery leaves when due), or 0 when it has none.
+pub fn delivered_at_ms(headers: Option<&FieldTable>) -> u64 {
+    headers
+        .and_then(|h| optional_u64(h, header::RETRY_DUE_AT).ok().flatten())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests;
