@@ -352,6 +352,7 @@ struct RawLadder {
     jitter: Option<String>,
     allow_exchanges: Option<Vec<String>>,
     release_rate: Option<String>,
+    release_ramp: Option<String>,
     auto_hold: Option<RawAutoHold>,
 }
 
@@ -1077,6 +1078,22 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
         spec.release_rate = rate
             .parse()
             .map_err(|e: crate::model::lot::Invalid| err("release_rate", e.0))?;
+    }
+    if let Some(ramp) = raw.release_ramp {
+        spec.release_ramp = match ramp.trim() {
+            "off" => None,
+            every => Some(
+                humantime::parse_duration(every)
+                    .ok()
+                    .filter(|d| *d >= Duration::from_millis(100))
+                    .ok_or_else(|| {
+                        err(
+                            "release_ramp",
+                            format!("{ramp:?} is not \"off\" or a duration of at least 100ms"),
+                        )
+                    })?,
+            ),
+        };
     }
     if let Some(auto) = raw.auto_hold {
         spec.auto_hold = validate_auto_hold(auto, &err)?;

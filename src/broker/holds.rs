@@ -39,7 +39,7 @@ use crate::model::holds::{
     HoldRecord, HoldState, Holds, ProbeStep, SharedHolds,
 };
 use crate::model::ladder::LadderSpec;
-use crate::model::lot::pace::{Pacer, Rate};
+use crate::model::lot::pace::{Pacer, Ramp, Rate};
 use crate::model::names::{Hop, Names};
 use crate::model::plan;
 use crate::model::protocol::{self, Counted, Forward, ForwardKind};
@@ -839,6 +839,13 @@ async fn drain(
         DrainKind::Release { rate, .. } => Pacer::new(rate),
         DrainKind::Stragglers | DrainKind::Probe => Pacer::new(ladder.spec.release_rate),
     };
+    // a release ramps up from its rate while the destination takes what it gets
+    let mut ramp = match (kind, ladder.spec.release_ramp) {
+        (DrainKind::Release { rate, .. }, Some(every)) => {
+            Some(Ramp::new(rate, every, now_ms(), ladder.failures_of(destination)))
+        }
+        _ => None,
+    };
     let mut idle_since = Instant::now();
     let mut retire = false;
     // releases in flight, oldest first on the wire: each settles to (its delivery tag, delivered)
@@ -883,6 +890,9 @@ async fn drain(
             },
         };
         // paced: the rate holds from the first message on
+        if let Some(ramp) = &mut ramp {
+            pacer.set_interval(ramp.interval(now_ms(), ladder.failures_of(destination)));
+        }
         let wait = pacer.delay(Instant::now());
         tokio::select! {
             () = stop.cancelled() => {

@@ -142,6 +142,11 @@ impl LadderRuntime {
         breaker
     }
 
+    /// The failures of `destination` that came back so far, for a release's ramp.
+    pub fn failures_of(&self, destination: &str) -> u64 {
+        self.breaker().failures(destination)
+    }
+
     /// A message back at the intake failed at `destination`: counted by the breaker, and if it
     /// is a probe of the automatic hold (`retry-probe`), queued for the hold stream.
     fn failed_at(&self, destination: &str, props: &ladder_amqp::BasicProperties, now: u64) {

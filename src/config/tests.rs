@@ -272,6 +272,12 @@ fn release_rate_and_auto_hold() {
         (p.window, p.min_deliveries, p.failure_permille, p.probe_every),
         (Duration::from_secs(10), 5, 800, Duration::from_secs(2))
     );
+    // a release ramps every 5 s unless configured; "off" keeps its rate
+    assert_eq!(l.release_ramp, Some(Duration::from_secs(5)));
+    let ramp = |value: &str| one(&format!("backoff = [\"1s\"]\nallow = []\nrelease_ramp = \"{value}\"")).release_ramp;
+    assert_eq!((ramp("2s"), ramp("off")), (Some(Duration::from_secs(2)), None));
+    let e = problem("", "backoff = [\"1s\"]\nallow = []\nrelease_ramp = \"10ms\"");
+    assert_eq!(e.key, "release_ramp");
     // an earlier release's max_hold still loads
     let l = one("backoff = [\"1s\"]\nallow = []\n[auto_hold]\nenabled = true\nmax_hold = \"10m\"");
     assert_eq!(l.auto_hold.unwrap().probe_every, Duration::from_secs(4));

@@ -847,6 +847,8 @@ struct Watch {
     window: Window,
     /// Held (by anyone) at the last poll.
     held: bool,
+    /// Every failure that came back, for a release's ramp ([`Breaker::failures`]).
+    failures: u64,
     seen_ms: u64,
     /// Messages this replica put into a tier for it that are not due yet.
     waiting: DueCounts,
@@ -924,6 +926,7 @@ impl Breaker {
         let w = self.watched.entry(destination.to_string()).or_insert_with(|| Watch {
             window: Window::default(),
             held: false,
+            failures: 0,
             seen_ms: now_ms,
             waiting: DueCounts::default(),
         });
@@ -956,12 +959,19 @@ impl Breaker {
     pub fn failed(&mut self, destination: &str, lag_ms: u64, delivered_ms: u64, now_ms: u64) {
         let window = self.policy.window;
         let window_ms = duration_ms(window);
+        let w = self.watch(destination, now_ms);
+        w.failures = w.failures.saturating_add(1);
         if lag_ms <= window_ms {
             let at_ms = delivered_ms
                 .saturating_add(lag_ms)
                 .clamp(now_ms, now_ms.saturating_add(window_ms));
-            self.watch(destination, now_ms).window.failed(window, at_ms, now_ms);
+            w.window.failed(window, at_ms, now_ms);
         }
+    }
+
+    /// The failures of `destination` that came back so far (0 if it is not watched).
+    pub fn failures(&self, destination: &str) -> u64 {
+        self.watched.get(destination).map_or(0, |w| w.failures)
     }
 
     /// Adds the deliveries and failures `shard` counted since it was last absorbed, and empties

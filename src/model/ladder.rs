@@ -271,6 +271,9 @@ pub struct LadderSpec {
     pub senders: Option<Senders>,
     /// How fast a resumed destination's held queue is released when the resume names no rate.
     pub release_rate: crate::model::lot::pace::Rate,
+    /// A release doubles its rate this often while no failure comes back
+    /// ([`crate::model::lot::pace::Ramp`]); `None`: it keeps its rate.
+    pub release_ramp: Option<Duration>,
     /// The automatic hold, if on.
     pub auto_hold: Option<crate::model::holds::AutoHoldPolicy>,
     /// How long a released destination's held queue must stay empty before it is deleted
@@ -328,8 +331,12 @@ impl Verdicts {
 /// still routes into it meanwhile, and its stragglers are released, not returned.
 pub const DEFAULT_HELD_QUEUE_GRACE: Duration = Duration::from_secs(60);
 
-/// The release rate of a resume that names none: gentle, so a recovering service is not
-/// flooded (a thousand held messages take 100 s).
+/// How often a release doubles its rate while no failure comes back, unless configured: a
+/// thousand held messages from 10/s take about 30 s.
+pub const DEFAULT_RELEASE_RAMP: Duration = Duration::from_secs(5);
+
+/// The release rate of a resume that names none, where a release starts: gentle, so a
+/// recovering service is not flooded.
 pub const DEFAULT_RELEASE_RATE: crate::model::lot::pace::Rate = crate::model::lot::pace::Rate {
     count: 10,
     per: Duration::from_secs(1),
@@ -364,6 +371,7 @@ impl LadderSpec {
             dead_letter_strategy,
             senders: None,
             release_rate: DEFAULT_RELEASE_RATE,
+            release_ramp: Some(DEFAULT_RELEASE_RAMP),
             auto_hold: None,
             held_queue_grace: DEFAULT_HELD_QUEUE_GRACE,
             verdicts: Arc::default(),
