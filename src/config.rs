@@ -378,6 +378,18 @@ const DEFAULT_AUTO_MIN_DELIVERIES: u32 = 50;
 const DEFAULT_AUTO_FAILURE_PERMILLE: u32 = 900;
 const DEFAULT_AUTO_PROBE_EVERY: Duration = Duration::from_secs(4);
 
+/// `release_ramp`: `"off"`, or how often a release doubles its rate (at least 100 ms).
+fn release_ramp(text: &str) -> Result<Option<Duration>, String> {
+    match text.trim() {
+        "off" => Ok(None),
+        every => humantime::parse_duration(every)
+            .ok()
+            .filter(|d| *d >= Duration::from_millis(100))
+            .map(Some)
+            .ok_or_else(|| format!("{text:?} is not \"off\" or a duration of at least 100ms")),
+    }
+}
+
 fn validate_auto_hold(
     raw: RawAutoHold,
     err: &dyn Fn(&str, String) -> ConfigError,
@@ -1080,20 +1092,7 @@ fn validate_ladder(namespace: &str, name: String, file: &Path, raw: RawLadder) -
             .map_err(|e: crate::model::lot::Invalid| err("release_rate", e.0))?;
     }
     if let Some(ramp) = raw.release_ramp {
-        spec.release_ramp = match ramp.trim() {
-            "off" => None,
-            every => Some(
-                humantime::parse_duration(every)
-                    .ok()
-                    .filter(|d| *d >= Duration::from_millis(100))
-                    .ok_or_else(|| {
-                        err(
-                            "release_ramp",
-                            format!("{ramp:?} is not \"off\" or a duration of at least 100ms"),
-                        )
-                    })?,
-            ),
-        };
+        spec.release_ramp = release_ramp(&ramp).map_err(|e| err("release_ramp", e))?;
     }
     if let Some(auto) = raw.auto_hold {
         spec.auto_hold = validate_auto_hold(auto, &err)?;

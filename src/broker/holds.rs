@@ -835,17 +835,7 @@ async fn drain(
         }
         return Ok(());
     };
-    let mut pacer = match kind {
-        DrainKind::Release { rate, .. } => Pacer::new(rate),
-        DrainKind::Stragglers | DrainKind::Probe => Pacer::new(ladder.spec.release_rate),
-    };
-    // a release ramps up from its rate while the destination takes what it gets
-    let mut ramp = match (kind, ladder.spec.release_ramp) {
-        (DrainKind::Release { rate, .. }, Some(every)) => {
-            Some(Ramp::new(rate, every, now_ms(), ladder.failures_of(destination)))
-        }
-        _ => None,
-    };
+    let mut pace = ReleasePace::new(ladder, destination, kind);
     let mut idle_since = Instant::now();
     let mut retire = false;
     // releases in flight, oldest first on the wire: each settles to (its delivery tag, delivered)
@@ -890,10 +880,7 @@ async fn drain(
             },
         };
         // paced: the rate holds from the first message on
-        if let Some(ramp) = &mut ramp {
-            pacer.set_interval(ramp.interval(now_ms(), ladder.failures_of(destination)));
-        }
-        let wait = pacer.delay(Instant::now());
+        let wait = pace.delay(ladder, destination);
         tokio::select! {
             () = stop.cancelled() => {
                 let _ = channel.basic_nack(delivery.delivery_tag, false, true);
@@ -924,6 +911,40 @@ async fn drain(
         return delete_held_queue(connection, ladder, destination).await;
     }
     result
+}
+
+/// A drain's pace: its rate, and for a release the ramp up from it while the destination takes
+/// what it gets.
+struct ReleasePace {
+    pacer: Pacer,
+    ramp: Option<Ramp>,
+}
+
+impl ReleasePace {
+    fn new(ladder: &LadderRuntime, destination: &str, kind: DrainKind) -> Self {
+        match kind {
+            DrainKind::Release { rate, .. } => ReleasePace {
+                pacer: Pacer::new(rate),
+                ramp: ladder
+                    .spec
+                    .release_ramp
+                    .map(|every| Ramp::new(rate, every, now_ms(), ladder.failures_of(destination))),
+            },
+            DrainKind::Stragglers | DrainKind::Probe => ReleasePace {
+                pacer: Pacer::new(ladder.spec.release_rate),
+                ramp: None,
+            },
+        }
+    }
+
+    /// How long to wait before the next release; books it.
+    fn delay(&mut self, ladder: &LadderRuntime, destination: &str) -> Duration {
+        if let Some(ramp) = &mut self.ramp {
+            let failures = ladder.failures_of(destination);
+            self.pacer.set_interval(ramp.interval(now_ms(), failures));
+        }
+        self.pacer.delay(Instant::now())
+    }
 }
 
 /// What a drain does after its held queue gave it nothing for a while.

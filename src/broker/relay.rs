@@ -533,6 +533,13 @@ fn decide<'a>(
     }
     match decision {
         Decision::Forward(forward) => match forward.kind {
+            // a failure of a held destination waits in its held queue, not in a tier as well
+            ForwardKind::Wait { .. }
+                if hop == Hop::Intake && forward.attempt >= 1 && ladder.holds.holds_back(&forward.destination) =>
+            {
+                let forward = ladder.context().due_now(forward, now);
+                Ok(Step::Hold(forward))
+            }
             ForwardKind::Wait { .. } => Ok(Step::Schedule(forward)),
             ForwardKind::Deliver if ladder.holds.holds_back(&forward.destination) => Ok(Step::Hold(forward)),
             ForwardKind::Deliver | ForwardKind::DeliverToExchange => Err(forward),
@@ -645,12 +652,11 @@ fn account<'a>(
         (Step::Hold(forward), Confirmation::Returned(_)) => {
             // no held queue: deleted after its release ended and this replica has not read the
             // end yet (or deleted by hand). Not parked: it waits in the shortest tier and is
-            // decided again, by then on the stream's word
+            // decided again, by then on the stream's word. A failure taken in (at the intake, or
+            // past it) waits as decided, its attempt counted
             debug!(ladder = %ladder.spec.name, destination = %forward.destination, "the held queue is gone; deferring");
-            Next::Publish(Step::Defer(
-                DeferReason::Busy,
-                (forward.counted == Counted::Here).then_some(forward),
-            ))
+            let taken_in = hop == Hop::Intake || forward.counted == Counted::Here;
+            Next::Publish(Step::Defer(DeferReason::Busy, taken_in.then_some(forward)))
         }
         (Step::Schedule(forward) | Step::Deliver(forward, _), Confirmation::Returned(returned)) => {
             metrics.returned.inc();

@@ -153,6 +153,17 @@ async fn hold_delivers_nothing_while_others_flow_and_resume_releases_all_at_the_
         (queue_depth(&t.client, &held_queue).await == n).then_some(())
     })
     .await;
+    // held at the intake, without a wait in a tier first: nothing of orders was scheduled
+    // (only billing's five)
+    let scheduled: u64 = t
+        .state
+        .metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("ladder_scheduled_messages_total{ladder=\"default\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(scheduled, 5, "only billing's failures waited in a tier");
     eventually("the poller counts them as waiting", WAIT, async || {
         t.state
             .metrics

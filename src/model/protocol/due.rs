@@ -246,18 +246,31 @@ impl<'a> HopContext<'a> {
             return Decision::Forward(forward);
         }
         // already due: out to its destination, as any retry is delivered
-        forward.late_ms = now_ms - forward.due_at_ms;
+        Decision::Forward(self.due_now(forward, now_ms))
+    }
+
+    /// A retry decided to wait (`forward`), as the delivery it becomes when due at `now_ms`:
+    /// to its destination, with the `retry-next` its failure takes. The due hop delivers a
+    /// taken-in failure that is already due so; the intake sends a failure of a held destination
+    /// so straight to its held queue, where it waits instead of in a tier (the hold replaces the
+    /// wait, and its release delivers it).
+    pub fn due_now(&self, mut forward: Box<Forward<'a>>, now_ms: u64) -> Box<Forward<'a>> {
+        forward.late_ms = now_ms.saturating_sub(forward.due_at_ms);
         forward.due_at_ms = 0;
         forward.exchange = Cow::Borrowed("");
         forward.routing_key = Cow::Owned(forward.destination.clone());
         forward.kind = ForwardKind::Deliver;
         if let Some(own) = forward.properties.headers.as_mut() {
+            own.set(
+                header::RETRY_DUE_AT,
+                FieldValue::LongLongInt(now_ms.min(i64::MAX as u64) as i64),
+            );
             own.push(
                 ShortString::from_static(header::RETRY_NEXT),
                 self.next_route(forward.attempt),
             );
         }
-        Decision::Forward(forward)
+        forward
     }
 
     /// Due: the message cannot be delivered now (`reason`), so it waits in a tier again, no
