@@ -61,7 +61,10 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(5);
 /// Released messages a drain keeps in flight at once (published, their confirm awaited), so
 /// that the pacer's rate, not one confirm round trip per message, sets the pace. Also the
 /// drain's prefetch, so it bounds what a drain holds unacked.
-const RELEASE_WINDOW: u16 = 64;
+const RELEASE_WINDOW: u16 = 512;
+
+/// The shortest wait a drain sleeps for: tokio's timer has millisecond resolution.
+const MIN_SLEEP: Duration = Duration::from_millis(1);
 
 /// How long a drain that is stopped waits for the releases it has in flight to be confirmed, so
 /// that what the destination took is acked, not released again.
@@ -881,12 +884,16 @@ async fn drain(
         };
         // paced: the rate holds from the first message on
         let wait = pace.delay(ladder, destination);
-        tokio::select! {
-            () = stop.cancelled() => {
-                let _ = channel.basic_nack(delivery.delivery_tag, false, true);
-                break Ok(());
+        // a timer sleeps at least a millisecond: shorter waits add up in the pacer until one is
+        // worth a sleep, so a pace above 1 000/s is kept on average
+        if wait >= MIN_SLEEP {
+            tokio::select! {
+                () = stop.cancelled() => {
+                    let _ = channel.basic_nack(delivery.delivery_tag, false, true);
+                    break Ok(());
+                }
+                () = tokio::time::sleep(wait) => {}
             }
-            () = tokio::time::sleep(wait) => {}
         }
         let channel = &channel;
         releasing.push(async move {

@@ -24,7 +24,8 @@ pub const HOLD_FORMAT: &str = "ladder.hold/v1";
 pub const MAX_HOLDS: usize = 1_000;
 
 /// Destinations the automatic hold watches at most per ladder; the least recently seen go
-/// first. A window costs [`WINDOW_BUCKETS`] × 16 bytes plus the name.
+/// first. A window costs up to twice [`WINDOW_BUCKETS`] × 16 bytes (its past and a window
+/// ahead) plus the name.
 pub const MAX_WATCHED: usize = 10_000;
 
 /// A window is counted in this many buckets: it slides by a tenth of itself.
