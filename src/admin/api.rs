@@ -1121,6 +1121,35 @@ pub(crate) async fn cancel(
 mod tests {
     use super::*;
 
+    /// The query the description names ([`FilterParams`], [`PageParams`]) is the query
+    /// [`parse_query`] reads: each named parameter is taken, with a value of its schema, and a
+    /// name it does not give is refused.
+    #[test]
+    fn the_described_query_is_the_query_parse_query_reads() {
+        let description = crate::admin::openapi::description(&[]);
+        let parameters = description["paths"]["/api/ladders/{ladder}/parked"]["get"]["parameters"]
+            .as_array()
+            .expect("the listing's parameters");
+        let mut named = vec![];
+        for parameter in parameters.iter().filter(|p| p["in"] == "query") {
+            let name = parameter["name"].as_str().unwrap().to_string();
+            let value = match name.as_str() {
+                "header" => "tenant=t1",
+                "since" | "until" => "2h",
+                "offsets" => "1,2",
+                "resolved" => "include",
+                "offset" | "limit" => "5",
+                _ => "x",
+            };
+            let parsed = parse_query(&[(name.clone(), value.to_string())], 1_000_000_000_000);
+            assert!(parsed.is_ok(), "{name}={value}: {parsed:?}");
+            named.push(name);
+        }
+        assert_eq!(named.len(), 12, "{named:?}");
+        let unknown = parse_query(&[("destinaton".into(), "x".into())], 0);
+        assert!(unknown.is_err(), "a name the description does not give is refused");
+    }
+
     #[test]
     fn the_bearer_scheme_is_matched_in_any_case() {
         for value in ["Bearer abc", "bearer abc", "BEARER  abc", " Bearer abc "] {
