@@ -1271,7 +1271,9 @@ async fn a_released_classic_held_queue_is_deleted_with_two_replicas_and_nothing_
 
 /// A replica that routes into a held queue already deleted (it had not read the end of the
 /// release yet; here: the queue deleted by hand while held) gets its publish back: the message
-/// is not parked but waits in a tier, and is delivered once the release ended.
+/// is not parked but waits in a tier, and is delivered once the release ended. Here the
+/// failures reach the intake while held, so the intake's publish comes back first: each waits
+/// as the intake decided it, its attempt counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_message_whose_held_queue_is_gone_waits_and_is_delivered_after_the_release() {
     let mut t = TestLadder::configure_with("held-gone", "", LADDER).await;
@@ -1293,5 +1295,8 @@ async fn a_due_message_whose_held_queue_is_gone_waits_and_is_delivered_after_the
     let got = receive(&mut orders_in, 8).await;
     let ids: HashSet<String> = got.iter().map(|d| message_id(d).to_string()).collect();
     assert_eq!(ids.len(), 8, "all delivered once");
+    for d in &got {
+        assert_eq!(int_header(d, "retry-attempt"), Some(1), "its attempt counted once");
+    }
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
 }
