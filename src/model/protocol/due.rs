@@ -165,7 +165,7 @@ impl<'a> HopContext<'a> {
             let newest = h.and_then(newest_death_queue);
             let own = format!("{}.wait.", self.names.exchange);
             return Some(RoutedFailure {
-                waited_ms: self.tier_ms(tier),
+                waited_ms: tier_ms(self.spec, tier),
                 skip: usize::from(newest.is_some_and(|q| q.starts_with(&own))),
                 queue: Some(queue),
                 tier: tier.to_string(),
@@ -181,20 +181,11 @@ impl<'a> HopContext<'a> {
                 || newest.as_deref() == Some(self.names.own_tier_queue_named(tier).as_str()),
         );
         Some(RoutedFailure {
-            waited_ms: self.tier_ms(tier),
+            waited_ms: tier_ms(self.spec, tier),
             skip,
             queue: Some(queue),
             tier: tier.to_string(),
         })
-    }
-
-    /// How long the tier named `name` holds a message: the ladder's own tier's TTL, or what the
-    /// name says (a tier taken out of the ladder since).
-    fn tier_ms(&self, name: &str) -> u64 {
-        match self.spec.tiers.iter().find(|t| t.name == name) {
-            Some(tier) => tier.ttl_ms(),
-            None => parse_delay(&long_string(name)).map_or(0, |d| d.as_millis() as u64),
-        }
     }
 
     /// The `retry-next` value for a delivery of retry `attempt`.

@@ -519,13 +519,18 @@ pub use codec::*;
 /// its `retry-next` names: that tier's TTL, or 0 when it names the intake or the probes (or is
 /// absent). The breaker counts a delivery, and its failure, at this verdict time.
 pub fn failure_lag_ms(spec: &LadderSpec, headers: Option<&FieldTable>) -> u64 {
-    let Some(next) = headers.and_then(|h| h.get(header::RETRY_NEXT)) else {
-        return 0;
-    };
-    let name = as_text(next).unwrap_or_default();
+    headers
+        .and_then(|h| h.get(header::RETRY_NEXT))
+        .and_then(as_text)
+        .map_or(0, |name| tier_ms(spec, name))
+}
+
+/// How long the tier named `name` holds a message: the ladder's own tier's TTL, or what the
+/// name says (a tier taken out of the ladder since; 0 for a name that is no delay).
+fn tier_ms(spec: &LadderSpec, name: &str) -> u64 {
     match spec.tiers.iter().find(|t| t.name == name) {
         Some(tier) => tier.ttl_ms(),
-        None => parse_delay(next).map_or(0, |d| d.as_millis() as u64),
+        None => parse_delay(&long_string(name)).map_or(0, |d| d.as_millis() as u64),
     }
 }
 
