@@ -86,6 +86,20 @@ pub struct OutageArgs {
     /// Only these sides (comma-separated: native, ladder, auto-hold).
     #[arg(long, value_delimiter = ',')]
     pub sides: Vec<String>,
+    /// How the Ladder sides' consumer fails a message.
+    #[arg(long, value_enum, default_value_t = Mode::DeadLetter)]
+    pub mode: Mode,
+}
+
+/// How a Ladder side's consumer hands a failure to the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The work queue dead-letters into the ladder's exchange; the consumer rejects.
+    DeadLetter,
+    /// The consumer publishes the failure to the ladder's exchange with `retry-to`, confirmed,
+    /// then acks.
+    Explicit,
 }
 
 /// One window of one side.
@@ -332,6 +346,8 @@ pub struct OutageResults {
     pub limit: u32,
     /// The auto-hold ladder's `[auto_hold]` table and `release_rate`, as written.
     pub auto_hold: String,
+    /// How the Ladder sides failed.
+    pub mode: Option<Mode>,
     /// One per side, in the order taken.
     pub rows: Vec<OutageRow>,
 }
@@ -379,11 +395,14 @@ async fn declare_native(svc: &Service, registry: &Registry, queue: &str, limit: 
     broker::declare_queue(&svc.ctl, registry, queue, args).await
 }
 
-/// A Ladder side's work queue: quorum, dead-lettering into ladder `ladder`'s exchange.
-async fn declare_work(svc: &Service, registry: &Registry, queue: &str, ladder: &str) -> Result<()> {
+/// A Ladder side's work queue: quorum, dead-lettering into ladder `ladder`'s exchange in
+/// dead-letter mode.
+async fn declare_work(svc: &Service, registry: &Registry, queue: &str, ladder: &str, mode: Mode) -> Result<()> {
     let mut args = FieldTable::new();
     args.set("x-queue-type", text("quorum"));
-    args.set("x-dead-letter-exchange", text(&svc.names(ladder).exchange));
+    if mode == Mode::DeadLetter {
+        args.set("x-dead-letter-exchange", text(&svc.names(ladder).exchange));
+    }
     broker::declare_queue(&svc.ctl, registry, queue, args).await
 }
 
@@ -415,21 +434,28 @@ async fn native_side(svc: &Service, registry: &Registry, failures: u32, limit: u
     })
 }
 
-/// A Ladder side in dead-letter mode through ladder `ladder`.
+/// A Ladder side through ladder `ladder`, failing in `mode`.
 async fn ladder_side(
     svc: &Service,
     registry: &Registry,
-    key: &'static str,
-    ladder: &str,
+    (key, ladder): (&'static str, &str),
     failures: u32,
+    mode: Mode,
 ) -> Result<Side> {
     let queue = format!("{}-work-{ladder}", svc.ns);
-    declare_work(svc, registry, &queue, ladder).await?;
+    declare_work(svc, registry, &queue, ladder, mode).await?;
     let names = svc.names(ladder);
+    let fail = match mode {
+        Mode::DeadLetter => Fail::DeadLetter,
+        Mode::Explicit => Fail::Ladder {
+            intake: names.exchange.clone(),
+            publish: broker::confirm_channel(&svc.consume).await?,
+        },
+    };
     let tier = svc.tier_queue(ladder, &svc.spec(ladder).tier_for_attempt(1).name);
     Ok(Side {
         key,
-        failer: Failer::start(&svc.consume, &queue, Fail::DeadLetter, failures).await?,
+        failer: Failer::start(&svc.consume, &queue, fail, failures).await?,
         watch: [queue.clone(), names.intake_queue.clone(), names.due.clone(), tier]
             .into_iter()
             .collect(),
@@ -520,7 +546,7 @@ pub async fn measure_native(
     let sides = vec![
         plain_side(&svc, registry).await?,
         native_side(&svc, registry, plan.failures, limit).await?,
-        ladder_side(&svc, registry, "ladder", RETRY, plan.failures).await?,
+        ladder_side(&svc, registry, ("ladder", RETRY), plan.failures, Mode::DeadLetter).await?,
     ];
     eprintln!(
         "native delayed retry vs Ladder (dead-letter mode) on {} ({}): {} failure(s) per message, rates {:?} retries/s, {} s windows, {} round(s)",
@@ -684,6 +710,8 @@ pub struct OutagePlan {
     pub drain_timeout: Duration,
     /// `native`, `ladder`, `auto-hold`, in this order.
     pub sides: Vec<String>,
+    /// How the Ladder sides fail.
+    pub mode: Mode,
 }
 
 /// The sides of the outage.
@@ -706,6 +734,7 @@ impl OutagePlan {
                 .filter(|s| args.sides.is_empty() || args.sides.iter().any(|a| a == *s))
                 .map(|s| s.to_string())
                 .collect(),
+            mode: args.mode,
         })
     }
 
@@ -761,13 +790,14 @@ pub async fn measure_outage(
     out.rate = plan.rate;
     out.limit = limit;
     out.auto_hold = auto;
+    out.mode = Some(plan.mode);
     let mut sides = vec![];
     for key in &plan.sides {
         sides.push(match key.as_str() {
             "native" => native_side(&svc, registry, 0, limit).await?,
-            "ladder" => ladder_side(&svc, registry, "ladder", RETRY, 0).await?,
+            "ladder" => ladder_side(&svc, registry, ("ladder", RETRY), 0, plan.mode).await?,
             _ => {
-                let side = ladder_side(&svc, registry, "auto-hold", AUTO, 0).await?;
+                let side = ladder_side(&svc, registry, ("auto-hold", AUTO), 0, plan.mode).await?;
                 // declared by the service when it first holds the destination
                 registry.queue(&svc.names(AUTO).held_queue(&side.queue));
                 side
@@ -1078,11 +1108,15 @@ pub fn outage_markdown(r: &OutageResults) -> String {
     );
     let _ = writeln!(
         o,
-        "\nThe consumer fails every delivery for {:.0} s while {:.0} messages/s are published to its queue, then succeeds. \
-         1 s retries on every side; native `x-delivery-limit` and Ladder `max_attempts` = {}. The auto-hold ladder adds `{}`. \
+        "\nThe consumer fails every delivery for {:.0} s while {:.0} messages/s are published to its queue, then succeeds; \
+         on the Ladder sides {}. 1 s retries on every side; native `x-delivery-limit` and Ladder `max_attempts` = {}. The auto-hold ladder adds `{}`. \
          Broker CPU = its `beam.smp`{}, in seconds, during the outage + from the recovery until drained.\n",
         r.outage_s,
         r.rate,
+        match r.mode {
+            Some(Mode::Explicit) => "it publishes each failure to the ladder's exchange (explicit mode) and acks",
+            _ => "its queue dead-letters into the ladder's exchange (dead-letter mode)",
+        },
         r.limit,
         r.auto_hold.trim().replace('\n', "; "),
         if r.broker_cpu_measured {
@@ -1167,6 +1201,7 @@ mod tests {
                 release_rate: "1000/s".into(),
                 drain_timeout: None,
                 sides: vec![],
+                mode: Mode::DeadLetter,
             },
             false,
         )

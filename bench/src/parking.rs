@@ -207,7 +207,12 @@ async fn declare(conn: &Connection, registry: &Registry, path: &Path) -> Result<
     let config = ladder::config::load(path, &HashMap::new()).map_err(|e| anyhow!("{e}"))?;
     let plan = topology::plan(&config, topology::version_of(conn));
     registry.plan(&plan);
-    bounded("declare the topology", OP_TIMEOUT, topology::apply(conn, &plan)).await?;
+    bounded(
+        "declare the topology",
+        OP_TIMEOUT,
+        topology::apply(conn, &plan, &|_| {}),
+    )
+    .await?;
     Ok(())
 }
 

@@ -431,6 +431,7 @@ impl Bench {
         topology::apply(
             &self.ctl,
             &topology::plan(&relay_config, topology::version_of(&self.ctl)),
+            &|_| {},
         )
         .await
         .map_err(|e| anyhow!("declare the relay's topology: {e}"))?;

@@ -33,7 +33,7 @@ pub async fn apply(config: &Config) -> Result<(), ApplyError> {
         .await
         .ok()
         .and_then(Result::ok);
-        let result = declare(&connection, config, known.as_ref()).await;
+        let result = declare(&connection, config, known.as_ref(), &|_| {}).await;
         if let Ok(applied) = &result {
             look_at_drift(&connection, config, &State::default(), applied.clone()).await;
         }
@@ -139,6 +139,7 @@ pub(crate) async fn declare(
     connection: &Connection,
     config: &Config,
     known: Option<&crate::model::drift::Registry>,
+    each: &(dyn Fn(&topology::Declaration) + Sync),
 ) -> Result<Applied, TopologyError> {
     let version = topology::version_of(connection);
     let mut plan = crate::model::plan::plan_shared(&config.namespace, &config.ladders, version);
@@ -164,7 +165,7 @@ pub(crate) async fn declare(
         }
         plan.extend(upgrade::plan_ladder(&names, spec, version, before));
     }
-    let older_queues = topology::apply(connection, &plan).await?;
+    let older_queues = topology::apply(connection, &plan, each).await?;
     for older in &older_queues {
         let missing: Vec<&str> = older.missing.iter().map(|(k, _)| *k).collect();
         warn!(

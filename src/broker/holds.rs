@@ -168,7 +168,7 @@ async fn declare_held_queue(
     destination: &str,
 ) -> Result<(), HoldError> {
     let declaration = plan::held_queue(names, spec, destination);
-    match tokio::time::timeout(REQUEST_TIMEOUT, topology::apply(connection, &[declaration])).await {
+    match tokio::time::timeout(REQUEST_TIMEOUT, topology::apply(connection, &[declaration], &|_| {})).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(HoldError::Declare(e.to_string())),
         Err(_) => Err(HoldError::Declare("the broker did not answer".into())),

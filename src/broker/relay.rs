@@ -187,7 +187,8 @@ impl LadderRuntime {
         }
     }
 
-    fn queue(&self, hop: Hop) -> &str {
+    /// The queue `hop` consumes.
+    pub(crate) fn queue(&self, hop: Hop) -> &str {
         match hop {
             Hop::Intake => &self.names.intake_queue,
             Hop::Due => &self.names.due,

@@ -3,6 +3,7 @@
 //! through one teardown: drained at shutdown, or at the first failure.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ladder_amqp::Connection;
@@ -14,8 +15,8 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::broker::connect::{BlockedWatch, CLOSE_TIMEOUT, close, connect_from};
 use crate::broker::declare::{MIGRATED_READ, declare, look_at_drift};
 use crate::broker::relay::{self, Drained, Hop, LadderRuntime, RelayError};
-use crate::broker::state::{DISCONNECTED, State};
-use crate::broker::topology::TopologyError;
+use crate::broker::state::{DISCONNECTED, Health, STARTING, State};
+use crate::broker::topology::{self, TopologyError};
 use crate::config::Config;
 use crate::model::names::Namespace;
 
@@ -34,6 +35,29 @@ const CANCELS_CATCH_UP: Duration = Duration::from_secs(30);
 
 /// How often the session looks whether the followers caught up.
 const CANCELS_POLL: Duration = Duration::from_millis(10);
+
+/// How often a starting session says in its log what it still waits for.
+const STEP_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Runs one step of a session's start. `/ready` names it (`starting: …`) and the log says every
+/// [`STEP_LOG_EVERY`] that it still waits, so a start the broker holds up says on what. The
+/// work may name a finer step itself, with [`Health::set_reason`] of [`STARTING`].
+async fn step<T>(health: &Health, what: impl Into<String>, work: impl Future<Output = T>) -> T {
+    health.set_reason(STARTING, what);
+    let started = tokio::time::Instant::now();
+    let mut every = tokio::time::interval_at(started + STEP_LOG_EVERY, STEP_LOG_EVERY);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = every.tick() => warn!(
+                waiting_for = %health.reason_of(STARTING).unwrap_or_default(),
+                waited = ?started.elapsed(),
+                "not ready: still waiting"
+            ),
+        }
+    }
+}
 
 /// What one task of a session is, so that its end is read for what it means.
 enum Ended {
@@ -66,6 +90,8 @@ struct Session<'a> {
     connection: Connection,
     /// The index of the broker `connection` is open to.
     broker: usize,
+    /// Whether a session declared this config's topology before (see [`Session::declare`]).
+    declared: &'a AtomicBool,
     tasks: JoinSet<Ended>,
     /// Relay loops still running: the session has drained when none is left.
     relays: usize,
@@ -79,10 +105,16 @@ pub(crate) async fn serve(
     ladders: &[Arc<LadderRuntime>],
     state: &Arc<State>,
     shutdown: &CancellationToken,
-    first_broker: usize,
+    (first_broker, declared): (usize, &AtomicBool),
 ) -> Result<(), SessionError> {
+    let connecting = connect_from(&config.amqp, &config.amqp.connection_name, first_broker);
+    let connecting = step(
+        &state.health,
+        format!("connecting to {}", config.amqp.brokers()),
+        connecting,
+    );
     let connected = tokio::select! {
-        connected = connect_from(&config.amqp, &config.amqp.connection_name, first_broker) => connected,
+        connected = connecting => connected,
         () = shutdown.cancelled() => return Ok(()),
     };
     let (connection, broker) = connected.map_err(|e| SessionError::Retry {
@@ -98,12 +130,26 @@ pub(crate) async fn serve(
         state,
         connection,
         broker,
+        declared,
         tasks: JoinSet::new(),
         relays: 0,
         follow_stop: CancellationToken::new(),
     };
     let served = session.run(shutdown).await;
     session.end(served).await
+}
+
+/// The cancellation and hold streams whose follower has not read up to its marker yet.
+fn streams_behind(ladders: &[Arc<LadderRuntime>]) -> Vec<&str> {
+    let cancels = ladders
+        .iter()
+        .filter(|l| l.spec.exact_delays && !l.cancels.caught_up())
+        .map(|l| l.names.cancels.as_str());
+    let holds = ladders
+        .iter()
+        .filter(|l| !l.holds.caught_up())
+        .map(|l| l.names.holds.as_str());
+    cancels.chain(holds).collect()
 }
 
 impl Session<'_> {
@@ -137,6 +183,7 @@ impl Session<'_> {
     /// closes, and a drained shutdown says whether the grace period sufficed.
     async fn end(mut self, served: Result<Option<usize>, SessionError>) -> Result<(), SessionError> {
         self.state.health.set_ready(false);
+        self.state.health.clear_reason(STARTING);
         if !matches!(served, Ok(Some(_))) {
             self.tasks.abort_all();
         }
@@ -155,8 +202,19 @@ impl Session<'_> {
     }
 
     /// Declares the topology and looks at its drift; a conflict is fatal, anything else is
-    /// tried again on a new connection.
+    /// tried again on a new connection. Once a session of this config declared it, a new one
+    /// only looks the exchanges up (a passive declare is answered from the node's own metadata).
     async fn declare(&self) -> Result<(), SessionError> {
+        let health = &self.state.health;
+        if self.declared.load(Ordering::Relaxed) {
+            let plan = topology::plan(self.config, topology::version_of(&self.connection));
+            let looked = topology::exchanges_exist(&self.connection, &plan);
+            match step(health, "looking up the declared exchanges", looked).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => info!("an exchange of the topology is gone; declaring the topology again"),
+                Err(e) => return Err(self.retry(format!("looking up the declared exchanges: {e}"))),
+            }
+        }
         // what the namespace declared before: as this process last saw it, or read once at its
         // first session (a reconnect must not wait for a stream)
         let seen = self
@@ -168,17 +226,24 @@ impl Session<'_> {
             .map(|seen| seen.registry.clone());
         let known = match seen {
             Some(registry) => Some(registry),
-            None => tokio::time::timeout(
-                MIGRATED_READ,
-                crate::broker::drift::read(&self.connection, &self.config.namespace),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok),
+            None => {
+                let read = crate::broker::drift::read(&self.connection, &self.config.namespace);
+                let topology = Namespace::new(&self.config.namespace).topology;
+                let read = step(
+                    health,
+                    format!("reading {topology}"),
+                    tokio::time::timeout(MIGRATED_READ, read),
+                );
+                read.await.ok().and_then(Result::ok)
+            }
         };
-        match declare(&self.connection, self.config, known.as_ref()).await {
+        let each = |d: &topology::Declaration| health.set_reason(STARTING, format!("declaring {d}"));
+        let declaring = declare(&self.connection, self.config, known.as_ref(), &each);
+        match step(health, "declaring the topology", declaring).await {
             Ok(applied) => {
-                look_at_drift(&self.connection, self.config, self.state, applied).await;
+                let recording = look_at_drift(&self.connection, self.config, self.state, applied);
+                step(health, "recording the topology", recording).await;
+                self.declared.store(true, Ordering::Relaxed);
                 Ok(())
             }
             Err(conflict @ TopologyError::Conflict { .. }) => Err(SessionError::Fatal(conflict)),
@@ -229,14 +294,15 @@ impl Session<'_> {
         // the followers' markers are publishes: while the broker blocks them (a resource alarm)
         // the catch-up waits for the alarm instead of timing out into a reconnect that would be
         // blocked too
+        let health = &self.state.health;
         let caught_up = async {
             let mut deadline = tokio::time::Instant::now() + CANCELS_CATCH_UP;
-            while !ladders
-                .iter()
-                .filter(|l| l.spec.exact_delays)
-                .all(|l| l.cancels.caught_up())
-                || !ladders.iter().all(|l| l.holds.caught_up())
-            {
+            loop {
+                let behind = streams_behind(ladders);
+                if behind.is_empty() {
+                    break;
+                }
+                health.set_reason(STARTING, format!("reading the streams {}", behind.join(", ")));
                 if connection.is_blocked() {
                     deadline = tokio::time::Instant::now() + CANCELS_CATCH_UP;
                 } else if tokio::time::Instant::now() >= deadline {
@@ -249,7 +315,7 @@ impl Session<'_> {
             Ok(())
         };
         let reading = tokio::select! {
-            done = caught_up => done,
+            done = step(health, "reading the cancellation and hold streams", caught_up) => done,
             Some(joined) = self.tasks.join_next() => Err(failure(joined).unwrap_or_else(|| "a stream follower stopped".to_string())),
             () = shutdown.cancelled() => return Ok(false),
         };
@@ -303,17 +369,23 @@ impl Session<'_> {
         is_subscribed
     }
 
-    /// Every ladder's hops and each ladder's probes queue.
-    fn start_relays(&mut self, shutdown: &CancellationToken) -> Vec<oneshot::Receiver<()>> {
+    /// Every ladder's hops and each ladder's probes queue: each queue, and the receiver that
+    /// hears once its loop consumes.
+    fn start_relays(&mut self, shutdown: &CancellationToken) -> Vec<(String, oneshot::Receiver<()>)> {
         let mut subscriptions = Vec::new();
         let ladders = self.ladders;
         for ladder in ladders {
             for hop in Hop::ALL {
-                subscriptions.push(self.start_relay(hop, None, ladder, shutdown));
+                let queue = ladder.queue(hop).to_string();
+                subscriptions.push((queue, self.start_relay(hop, None, ladder, shutdown)));
             }
             // failed probes of the automatic hold, served by the intake hop on their own queue:
             // no backlog of the intake delays what the hold waits to hear
-            subscriptions.push(self.start_relay(Hop::Intake, Some(ladder.names.probes.clone()), ladder, shutdown));
+            let probes = ladder.names.probes.clone();
+            subscriptions.push((
+                probes.clone(),
+                self.start_relay(Hop::Intake, Some(probes), ladder, shutdown),
+            ));
         }
         subscriptions
     }
@@ -351,18 +423,20 @@ impl Session<'_> {
     /// the grace period abandoned; ready once every loop consumes, watched from then on.
     async fn serve_until_drained(
         &mut self,
-        subscriptions: Vec<oneshot::Receiver<()>>,
+        subscriptions: Vec<(String, oneshot::Receiver<()>)>,
         shutdown: &CancellationToken,
     ) -> Result<usize, SessionError> {
+        let health = &self.state.health;
         let all_subscribed = async {
-            for s in subscriptions {
-                if s.await.is_err() {
+            for (queue, subscribed) in subscriptions {
+                health.set_reason(STARTING, format!("subscribing to {queue}"));
+                if subscribed.await.is_err() {
                     return false;
                 }
             }
             true
         };
-        let mut ready_pending = Box::pin(all_subscribed);
+        let mut ready_pending = Box::pin(step(health, "subscribing", all_subscribed));
         let mut waiting_ready = true;
         let mut abandoned = 0;
         while self.relays > 0 {
@@ -393,6 +467,7 @@ impl Session<'_> {
     fn become_ready(&mut self, shutdown: &CancellationToken) {
         let health = &self.state.health;
         health.clear_reason(DISCONNECTED);
+        health.clear_reason(STARTING);
         health.set_stalled(None);
         health.set_ready(true);
         info!(ladders = self.ladders.len(), "ready");
@@ -498,5 +573,34 @@ async fn drain_retired(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(RETIRED_LOOK) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_step_is_named_on_ready_while_it_waits_and_a_finer_step_replaces_it() {
+        let health = Health::default();
+        let (done, waited) = oneshot::channel::<()>();
+        let work = async {
+            health.set_reason(STARTING, "subscribing to ns.orders.intake");
+            waited.await
+        };
+        let waiting = step(&health, "subscribing", work);
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut waiting)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            health.reason().as_deref(),
+            Some("starting: subscribing to ns.orders.intake")
+        );
+        assert!(!health.is_ready());
+        done.send(()).unwrap();
+        assert!(waiting.await.is_ok());
     }
 }

@@ -43,6 +43,11 @@ impl Health {
         self.lock_reasons().insert(kind, detail.into());
     }
 
+    /// The detail of reason `kind`, if it holds the service up.
+    pub fn reason_of(&self, kind: &'static str) -> Option<String> {
+        self.lock_reasons().get(kind).cloned()
+    }
+
     /// `kind` no longer holds the service up.
     pub fn clear_reason(&self, kind: &'static str) {
         self.lock_reasons().remove(kind);
@@ -80,6 +85,10 @@ pub const STALLED: &str = "stalled";
 
 /// The readiness reason while the broker blocks the service's publishes (a resource alarm).
 pub const BLOCKED: &str = "blocked";
+
+/// The readiness reason while a session starts: the step it waits for (connecting, declaring,
+/// reading the streams, subscribing).
+pub const STARTING: &str = "starting";
 
 /// The readiness reason after a session failed, until one is ready again: why (the broker
 /// refused or did not answer, e.g. one out of file descriptors, or the connection was lost).

@@ -6,6 +6,7 @@
 //! a rebuild is simple and loses nothing (it may duplicate, which the README documents).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -47,8 +48,11 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
     let mut backoff = Backoff::new(config.amqp.reconnect_min, config.amqp.reconnect_max);
     // the broker to try first: after a lost connection, the next one (another cluster node)
     let mut next_broker = 0;
+    // set once a session declared this config's topology: the next sessions look its exchanges
+    // up instead, as a declare waits for the metadata store's leader (through a partition)
+    let declared = AtomicBool::new(false);
     loop {
-        match session::serve(&config, &ladders, &state, &shutdown, next_broker).await {
+        match session::serve(&config, &ladders, &state, &shutdown, (next_broker, &declared)).await {
             Ok(()) => return Ok(()),
             Err(SessionError::Fatal(e)) => {
                 health.set_ready(false);
@@ -57,6 +61,10 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
             Err(SessionError::Retry { error, broker }) => {
                 health.set_ready(false);
                 health.set_reason(DISCONNECTED, error.clone());
+                if error.contains("NOT_FOUND") {
+                    // a queue or exchange it declared is gone: the next session declares again
+                    declared.store(false, Ordering::Relaxed);
+                }
                 state.metrics.reconnects.inc();
                 if let Some(broker) = broker {
                     // it was serving: fail over to the next node at once

@@ -98,7 +98,11 @@ impl OlderQueue {
 /// Declares `declarations` in order, on channels of `connection`. A queue that exists in an
 /// older shape ([`Declaration::Queue::older`]) is kept and returned, to be reported; any other
 /// precondition failure is a [`TopologyError::Conflict`].
-pub async fn apply(connection: &Connection, declarations: &[Declaration]) -> Result<Vec<OlderQueue>, TopologyError> {
+pub async fn apply(
+    connection: &Connection,
+    declarations: &[Declaration],
+    each: &(dyn Fn(&Declaration) + Sync),
+) -> Result<Vec<OlderQueue>, TopologyError> {
     let broker = |declaration: &Declaration, source| TopologyError::Broker {
         declaration: declaration.to_string(),
         source,
@@ -109,6 +113,7 @@ pub async fn apply(connection: &Connection, declarations: &[Declaration]) -> Res
         .map_err(|e| broker(&declarations[0], e))?;
     let mut older_queues = Vec::new();
     for declaration in declarations {
+        each(declaration);
         let Err(source) = declare(&channel, declaration, None).await else {
             continue;
         };
@@ -148,6 +153,25 @@ pub async fn apply(connection: &Connection, declarations: &[Declaration]) -> Res
     }
     let _ = channel.close(200, "declared").await;
     Ok(older_queues)
+}
+
+/// Whether every exchange of `declarations` exists. A passive declare is answered from the
+/// node's own copy of the metadata, so this does not wait for the metadata store's leader, as a
+/// declare does (during a partition, until the nodes notice it).
+pub async fn exchanges_exist(connection: &Connection, declarations: &[Declaration]) -> ladder_amqp::Result<bool> {
+    let channel = connection.create_channel().await?;
+    for declaration in declarations {
+        let Declaration::Exchange { name, .. } = declaration else {
+            continue;
+        };
+        match channel.exchange_inspect(name).await {
+            Ok(()) => {}
+            Err(e) if not_found(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    let _ = channel.close(200, "looked").await;
+    Ok(true)
 }
 
 /// Declares one thing; a queue with `args_instead` rather than its own arguments.

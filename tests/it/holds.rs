@@ -759,6 +759,80 @@ async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_de
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
 }
 
+/// A destination that fails 30 % of its deliveries at random (a partial failure) is never held
+/// by the default breaker (90 % of at least 50 in 1 m), though it judged enough deliveries to
+/// trip: every message arrives, none is parked. A total outage trips it (the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_failing_30_percent_of_its_deliveries_is_never_held_by_the_defaults() {
+    let mut t = TestLadder::start("hold30", DEFAULTS_DEAD_LETTER).await;
+    let mut args = FieldTable::default();
+    args.set("x-dead-letter-exchange", text(&t.intake()));
+    let orders = t.declare_queue("orders", args).await;
+    t.track_queue(&names(&t).held_queue(&orders));
+    let mut consumer = t.consume(&orders).await;
+    let n = 400;
+    for i in 0..n {
+        let props = BasicProperties::default()
+            .with_message_id(&format!("m{i:03}"))
+            .with_delivery_mode(2);
+        t.publish("", &orders, b"o", props).await;
+    }
+    let runtime = t.state.ladder("default").unwrap();
+    // xorshift: the same 30 % every run
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut fails = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % 100 < 30
+    };
+    let (mut done, mut deliveries, mut failed) = (HashSet::new(), 0u64, 0u64);
+    let (mut most_judged, mut worst_ratio) = (0u64, 0.0f64);
+    let deadline = Instant::now() + WAIT * 3;
+    while done.len() < n {
+        assert!(Instant::now() < deadline, "{} of {n} done in time", done.len());
+        assert!(
+            !runtime.holds.holds_back(&orders),
+            "held after {deliveries} deliveries, {failed} failed"
+        );
+        if let Some(busy) = runtime
+            .breaker
+            .lock()
+            .unwrap()
+            .busiest(now_ms(), 10)
+            .into_iter()
+            .find(|b| b.destination == orders)
+        {
+            most_judged = most_judged.max(busy.delivered);
+            if busy.delivered >= 50 {
+                worst_ratio = worst_ratio.max(busy.failed as f64 / busy.delivered as f64);
+            }
+        }
+        let Some(d) = next_within(&mut consumer, Duration::from_millis(100)).await else {
+            continue;
+        };
+        deliveries += 1;
+        if fails() {
+            failed += 1;
+            consumer.reject(&d, false);
+        } else {
+            done.insert(message_id(&d).to_string());
+            consumer.ack(&d);
+        }
+    }
+    eprintln!(
+        "{deliveries} deliveries, {failed} failed; the breaker judged up to {most_judged} retries in its window, \
+         at most {:.0} % failed",
+        worst_ratio * 100.0
+    );
+    assert!(
+        most_judged >= 50,
+        "the breaker judged {most_judged} retries at most: too few to trip at all"
+    );
+    assert!(!runtime.holds.holds_back(&orders), "never held");
+    assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
+
 /// The `probe` transitions (probes this process released) in a metrics text.
 fn probes_released(metrics: &str) -> u64 {
     metrics

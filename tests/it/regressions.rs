@@ -57,3 +57,35 @@ async fn an_action_without_a_filter_exits_64_and_touches_nothing() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     tokio::time::sleep(Duration::ZERO).await;
 }
+
+/// A new session of the same process looks its exchanges up instead of declaring the topology
+/// again (a declare waits for the metadata store's leader, through a partition). When something
+/// it declared is gone (the intake queue, deleted by hand), the session that fails on it leaves
+/// the next one to declare everything again: the queue is back, the service ready, and a
+/// failure sent afterwards is redelivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_deleted_by_hand_is_declared_again_by_the_next_session() {
+    let mut t = TestLadder::start("redeclare", ONE_TIER).await;
+    let orders = t.declare_queue("orders", FieldTable::default()).await;
+    let mut consumer = t.consume(&orders).await;
+    let intake_queue = format!("{}.intake", t.intake());
+    let reconnects = t.state.metrics.reconnects.get();
+    t.channel.queue_delete(&intake_queue).await.unwrap();
+    eventually(
+        "two sessions lost: the one consuming it, then one that found it gone",
+        WAIT,
+        async || (t.state.metrics.reconnects.get() >= reconnects + 2).then_some(()),
+    )
+    .await;
+    eventually("ready again", WAIT, async || t.state.health.is_ready().then_some(())).await;
+    assert!(
+        depth(&t.client, &intake_queue).await.is_some(),
+        "the intake queue was declared again"
+    );
+    let props = retry_props(&orders, None).with_message_id("after");
+    t.publish(&t.intake(), "", b"x", props).await;
+    let d = next_within(&mut consumer, WAIT)
+        .await
+        .expect("redelivered after the new declare");
+    assert_eq!(message_id(&d), "after");
+}
