@@ -687,20 +687,41 @@ async fn automatic_hold_trips_on_a_failing_consumer_and_recovers_when_it_heals()
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
 }
 
-/// Dead-letter mode with the automatic hold's defaults (90 % of at least 50 deliveries in 1 m,
-/// a probe every 4 s), and steps short enough for a test.
-const DEFAULTS_DEAD_LETTER: &str = "backoff = [\"200ms\", \"1s\", \"3s\"]\nmax_attempts = 100000\n\
+/// The automatic hold's defaults (90 % of at least 50 deliveries in 1 m, a probe every 4 s), and
+/// steps short enough for a test.
+const DEFAULTS: &str = "backoff = [\"200ms\", \"1s\", \"3s\"]\nmax_attempts = 100000\n\
 allow = [\"^{ns}-\"]\nrelease_rate = \"100/s\"\n[auto_hold]\nenabled = true";
 
-/// A consumer that rejects everything, so that the broker routes each repeat failure into its
-/// next tier and the ladder sees it only when it comes due, still trips the default hold within
-/// its window; once the consumer heals, the destination resumes within 10 s, every message
-/// arrives and none is parked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_destination_resumes_within_10s() {
-    let mut t = TestLadder::start("holddl", DEFAULTS_DEAD_LETTER).await;
+/// How a test's consumer fails a message.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fails {
+    /// It rejects, and the queue dead-letters into the ladder: the broker routes each repeat
+    /// failure into its next tier, and the ladder sees it only when it comes due.
+    DeadLetter,
+    /// It publishes the failure to the ladder (with `retry-to`), then acks.
+    Explicit,
+}
+
+/// Fails `d`, a delivery from `orders`, the way `mode` says.
+async fn fail(t: &TestLadder, consumer: &TestConsumer, d: &ladder_amqp::Delivery, orders: &str, mode: Fails) {
+    match mode {
+        Fails::DeadLetter => consumer.reject(d, false),
+        Fails::Explicit => {
+            let props = republish_props(d, &[("retry-to", text(orders))]);
+            t.publish(&t.intake(), "", &d.body, props).await;
+            consumer.ack(d);
+        }
+    }
+}
+
+/// A consumer that fails everything trips the default hold within its window, in either mode;
+/// once it heals, the destination resumes within 10 s, every message arrives and none is parked.
+async fn a_total_outage_trips_the_defaults_and_the_healed_destination_resumes_within_10s(mode: Fails) {
+    let mut t = TestLadder::start(&format!("hold{mode:?}"), DEFAULTS).await;
     let mut args = FieldTable::default();
-    args.set("x-dead-letter-exchange", text(&t.intake()));
+    if mode == Fails::DeadLetter {
+        args.set("x-dead-letter-exchange", text(&t.intake()));
+    }
     let orders = t.declare_queue("orders", args).await;
     t.track_queue(&names(&t).held_queue(&orders));
     let mut consumer = t.consume(&orders).await;
@@ -713,21 +734,21 @@ async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_de
     }
     let runtime = t.state.ladder("default").unwrap();
     let outage = Instant::now();
-    let mut rejected = 0;
+    let mut failed = 0;
     while !runtime.holds.holds_back(&orders) {
         assert!(
             outage.elapsed() < Duration::from_secs(60),
-            "no hold within the window, after {rejected} rejections"
+            "no hold within the window, after {failed} failures"
         );
         if let Some(d) = next_within(&mut consumer, Duration::from_millis(100)).await {
-            consumer.reject(&d, false);
-            rejected += 1;
+            fail(&t, &consumer, &d, &orders, mode).await;
+            failed += 1;
         }
     }
     let hold = runtime.holds.snapshot().get(&orders).cloned().unwrap();
     assert_eq!(hold.by, "auto");
     eprintln!(
-        "tripped after {rejected} rejections in {:?}: {}",
+        "{mode:?}: tripped after {failed} failures in {:?}: {}",
         outage.elapsed(),
         hold.why
     );
@@ -735,7 +756,7 @@ async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_de
     let failing_until = Instant::now() + Duration::from_secs(10);
     while Instant::now() < failing_until {
         if let Some(d) = next_within(&mut consumer, Duration::from_millis(100)).await {
-            consumer.reject(&d, false);
+            fail(&t, &consumer, &d, &orders, mode).await;
         }
     }
     assert!(runtime.holds.holds_back(&orders), "held while the probes fail");
@@ -752,11 +773,21 @@ async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_de
             resumed = Some(healed.elapsed());
         }
     }
-    eprintln!("resumed {resumed:?} after healing");
+    eprintln!("{mode:?}: resumed {resumed:?} after healing");
     let resumed = resumed.expect("resumed after healing");
     assert!(resumed <= Duration::from_secs(10), "resumed {resumed:?} after healing");
     assert_eq!(seen.len(), n, "every message delivered after healing");
     assert_eq!(t.lot().end().await.unwrap(), None, "nothing parked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_destination_resumes_within_10s() {
+    a_total_outage_trips_the_defaults_and_the_healed_destination_resumes_within_10s(Fails::DeadLetter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_total_outage_in_explicit_mode_trips_the_defaults_and_the_healed_destination_resumes_within_10s() {
+    a_total_outage_trips_the_defaults_and_the_healed_destination_resumes_within_10s(Fails::Explicit).await;
 }
 
 /// A destination that fails 30 % of its deliveries at random (a partial failure) is never held
@@ -764,7 +795,7 @@ async fn a_total_outage_in_dead_letter_mode_trips_the_defaults_and_the_healed_de
 /// trip: every message arrives, none is parked. A total outage trips it (the test above).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_failing_30_percent_of_its_deliveries_is_never_held_by_the_defaults() {
-    let mut t = TestLadder::start("hold30", DEFAULTS_DEAD_LETTER).await;
+    let mut t = TestLadder::start("hold30", DEFAULTS).await;
     let mut args = FieldTable::default();
     args.set("x-dead-letter-exchange", text(&t.intake()));
     let orders = t.declare_queue("orders", args).await;
