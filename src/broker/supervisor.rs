@@ -62,7 +62,8 @@ pub async fn run(config: Arc<Config>, state: Arc<State>, shutdown: CancellationT
                 health.set_ready(false);
                 health.set_reason(DISCONNECTED, error.clone());
                 if error.contains("NOT_FOUND") {
-                    // a queue or exchange it declared is gone: the next session declares again
+                    // a queue or exchange it declared is gone (the broker's 404 reply text is in
+                    // the error): the next session declares again
                     declared.store(false, Ordering::Relaxed);
                 }
                 state.metrics.reconnects.inc();

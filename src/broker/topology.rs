@@ -97,7 +97,8 @@ impl OlderQueue {
 
 /// Declares `declarations` in order, on channels of `connection`. A queue that exists in an
 /// older shape ([`Declaration::Queue::older`]) is kept and returned, to be reported; any other
-/// precondition failure is a [`TopologyError::Conflict`].
+/// precondition failure is a [`TopologyError::Conflict`]. `each` hears of each declaration as it
+/// is made (a starting session names it on `/ready`).
 pub async fn apply(
     connection: &Connection,
     declarations: &[Declaration],
