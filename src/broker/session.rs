@@ -207,11 +207,17 @@ impl Session<'_> {
     async fn declare(&self) -> Result<(), SessionError> {
         let health = &self.state.health;
         if self.declared.load(Ordering::Relaxed) {
-            let plan = topology::plan(self.config, topology::version_of(&self.connection));
-            let looked = topology::exchanges_exist(&self.connection, &plan);
+            // passive declares, answered from the node's own copy of the metadata
+            let version = topology::version_of(&self.connection);
+            let (namespace, ladders) = (&self.config.namespace, &self.config.ladders);
+            let exchanges: Vec<_> = crate::model::upgrade::planned(namespace, ladders, version, |_| false)
+                .into_iter()
+                .filter(|k| k.kind == crate::model::drift::Kind::Exchange)
+                .collect();
+            let looked = crate::broker::drift::observe(&self.connection, &exchanges);
             match step(health, "looking up the declared exchanges", looked).await {
-                Ok(true) => return Ok(()),
-                Ok(false) => info!("an exchange of the topology is gone; declaring the topology again"),
+                Ok(seen) if seen.iter().all(|o| o.exists) => return Ok(()),
+                Ok(_) => info!("an exchange of the topology is gone; declaring the topology again"),
                 Err(e) => return Err(self.retry(format!("looking up the declared exchanges: {e}"))),
             }
         }

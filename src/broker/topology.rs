@@ -156,25 +156,6 @@ pub async fn apply(
     Ok(older_queues)
 }
 
-/// Whether every exchange of `declarations` exists. A passive declare is answered from the
-/// node's own copy of the metadata, so this does not wait for the metadata store's leader, as a
-/// declare does (during a partition, until the nodes notice it).
-pub async fn exchanges_exist(connection: &Connection, declarations: &[Declaration]) -> ladder_amqp::Result<bool> {
-    let channel = connection.create_channel().await?;
-    for declaration in declarations {
-        let Declaration::Exchange { name, .. } = declaration else {
-            continue;
-        };
-        match channel.exchange_inspect(name).await {
-            Ok(()) => {}
-            Err(e) if not_found(&e) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    let _ = channel.close(200, "looked").await;
-    Ok(true)
-}
-
 /// Declares one thing; a queue with `args_instead` rather than its own arguments.
 async fn declare(
     channel: &Channel,
